@@ -1,8 +1,15 @@
-"""The one command-line interface. Sub-commands import their modules lazily so `--help` stays instant."""
+"""The one command-line interface. Heavy modules are imported inside commands so `--help` stays instant."""
 
 from __future__ import annotations
 
+import functools
+import sys
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from specops.errors import SpecopsError
 
 app = typer.Typer(
     name="specops",
@@ -10,12 +17,64 @@ app = typer.Typer(
     rich_markup_mode="rich",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
+def clean_errors(fn):
+    """User-fixable problems end the command with one line on stderr and exit code 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecopsError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", fg="yellow", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@clean_errors
+def generate(
+    model: Path = typer.Option(..., "--model", help="Target model directory (Hugging Face layout, safetensors)."),
+    prompts: Path = typer.Option(..., "--prompts", help='JSONL requests: {"id", "query"|"prompt"|"messages"} per line.'),
+    out: Path = typer.Option(..., "--out", help='JSONL output: {"id", "text", "token_ids", "finish_reason", "spec"}.'),
+    lora: Optional[Path] = typer.Option(None, "--lora", help="peft LoRA adapter directory to apply to the target."),
+    lora_mode: str = typer.Option("merged", "--lora-mode", help="merged (fold into weights at load) or unmerged."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables speculative decoding."),
+    gamma: int = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step (0 = plain decoding)."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="0 = no top-k cut."),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (each request gets its own generator)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    max_batch: int = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching)."),
+) -> None:
+    """Decode a file of requests with the embedded engine (speculatively when --draft is given)."""
+    from specops import generate as gen
+
+    if lora_mode not in ("merged", "unmerged"):
+        raise SpecopsError("--lora-mode must be 'merged' or 'unmerged'")
+    stats = gen.run(model=model, prompts=prompts, out=out, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma,
+                    temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
+                    device=device, max_batch=max_batch)
+    typer.echo(f"wrote {out}", err=True)
+    if draft is not None:
+        typer.echo(
+            f"acceptance rate {stats['acceptance_rate']:.3f}, mean acceptance length {stats['mean_acceptance_length']:.3f}",
+            err=True,
+        )
+
+
 def main() -> None:
-    app()
+    app(prog_name="specops")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
