@@ -1,0 +1,24 @@
+"""The output contract, loaded from package data so every module validates against the same file."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+SCHEMA: dict = json.loads(resources.files("specops.task").joinpath("commerce_search.schema.json").read_text("utf-8"))
+FIELDS: tuple[str, ...] = tuple(SCHEMA["required"])
+
+_VALIDATOR = Draft202012Validator(SCHEMA)
+
+
+def validate(obj: Any) -> list[str]:
+    """Human-readable schema errors for ``obj`` (empty when valid), each prefixed with the offending path."""
+    errors = sorted(_VALIDATOR.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]
+
+
+def is_valid(obj: Any) -> bool:
+    return _VALIDATOR.is_valid(obj)
