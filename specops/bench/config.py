@@ -1,0 +1,114 @@
+"""What a sweep measures: the grid, the fixed parameters every configuration shares, and their checks.
+
+The grid (γ, concurrency, temperature, repeats) may grow between a run and its resume; the fixed parameters may
+not, since results measured with different models, prompts or token budgets do not compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from specops.bench.prompts import dataset_digest
+from specops.bench.store import Point
+from specops.errors import SpecopsError
+
+DEFAULT_GAMMAS = [0, 1, 3, 5]
+DEFAULT_CONCURRENCY = [1, 4, 16, 32, 64]
+DEFAULT_TEMPERATURES = [0.0, 0.7]
+DEFAULT_SLO = {"e2e": 2.0}  # production's "answers in under 2 s"
+
+
+@dataclass
+class SweepConfig:
+    out: Optional[Path] = None  # the run directory
+    backend: str = "embedded"
+    model: Optional[Path] = None
+    lora: Optional[Path] = None
+    draft: Optional[Path] = None
+    url: Optional[str] = None
+    api_key: Optional[str] = None
+    vllm_python: Optional[Path] = None
+    vllm_args: list[str] = field(default_factory=list)
+    gammas: list[int] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
+    concurrencies: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))
+    temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
+    repeats: int = 1
+    rate: Optional[float] = None  # Poisson arrivals per second; None = closed loop
+    dataset: Optional[Path] = None
+    synthetic: Optional[int] = None
+    num_prompts: int = 64
+    max_tokens: int = 128
+    warmup: int = 2
+    seed: int = 0
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    slo: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SLO))  # seconds
+    resume: bool = False
+    gpu_hourly_cost: Optional[float] = None
+    gpus: int = 1
+    max_batch: Optional[int] = None  # server batch limit; None = the largest concurrency
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        """Refuse a sweep that cannot run, before a server is started or a request sent."""
+        if self.backend not in ("embedded", "vllm", "external"):
+            raise SpecopsError(f"--backend must be embedded, vllm or external, not {self.backend!r}")
+        if not self.gammas or not self.concurrencies or not self.temperatures:
+            raise SpecopsError("the grid is empty: give at least one --gamma, --concurrency and --temperature value")
+        if min(self.gammas) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:
+            raise SpecopsError("γ must be ≥ 0, concurrency ≥ 1 and temperature ≥ 0")
+        if self.backend == "external":
+            if not self.url:
+                raise SpecopsError("--backend external needs --url")
+            if len(self.gammas) != 1:
+                raise SpecopsError("an external server runs one fixed γ: give exactly one --gamma value (its γ)")
+        else:
+            if self.model is None or not (Path(self.model) / "config.json").is_file():
+                raise SpecopsError(f"--model: not a model directory with config.json: {self.model}")
+            if max(self.gammas) > 0 and self.draft is None:
+                raise SpecopsError("γ > 0 needs --draft (an EAGLE-3 draft directory)")
+            for name in ("lora", "draft"):
+                p = getattr(self, name)
+                if p is not None and not Path(p).is_dir():
+                    raise SpecopsError(f"--{name}: directory not found: {p}")
+        if (self.dataset is None) == (self.synthetic is None):
+            raise SpecopsError("give exactly one of --dataset FILE.jsonl or --synthetic N")
+        for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-tokens", self.max_tokens, 1),
+                                 ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0), ("--gpus", self.gpus, 1)):
+            if value < low:
+                raise SpecopsError(f"{name} must be at least {low}, got {value}")
+        if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
+            raise SpecopsError("--gpu-hourly-cost must be positive")
+
+    def points(self) -> list[Point]:
+        """The grid in run order: γ outermost (one server each), then concurrency, temperature, repeat."""
+        return [Point(g, c, float(t), r) for g in self.gammas for c in self.concurrencies
+                for t in self.temperatures for r in range(self.repeats)]
+
+    def fixed(self) -> dict[str, Any]:
+        """Parameters every configuration of the run shares; a resume must match them exactly."""
+        where = str(Path(self.model).resolve()) if self.model is not None else self.url
+        return {
+            "backend": self.backend,
+            "model": where,
+            "lora": str(Path(self.lora).resolve()) if self.lora else None,
+            "draft": str(Path(self.draft).resolve()) if self.draft else None,
+            "vllm_args": list(self.vllm_args),
+            "prompts": ({"dataset": str(Path(self.dataset).resolve()), "sha256": dataset_digest(Path(self.dataset))}
+                        if self.dataset else {"synthetic": self.synthetic}),
+            "num_prompts": self.num_prompts,
+            "max_tokens": self.max_tokens,
+            "warmup": self.warmup,
+            "seed": self.seed,
+            "top_p": self.top_p,
+            "ignore_eos": self.ignore_eos,
+            "rate": self.rate,
+            "max_batch": self.server_max_batch,
+        }
+
+    @property
+    def server_max_batch(self) -> int:
+        return self.max_batch or max(self.concurrencies)

@@ -1,0 +1,136 @@
+"""The sweep: for each γ start one server, measure every pending concurrency × temperature × repeat point against
+it, commit each point as it finishes, then export results and the recommendation.
+
+Per point: warm-up requests (not measured), a scrape of the speculative counters, the timed requests, a second
+scrape; acceptance is the difference, so it covers exactly the timed requests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specops.backends import delta, scrape_spec
+from specops.bench import loadgen, prompts as prompt_lib
+from specops.bench.config import SweepConfig
+from specops.bench.recommend import recommend
+from specops.bench.results import export
+from specops.bench.servers import preflight, serving, stop_stale
+from specops.bench.store import Point, RunStore, StoredConfig
+from specops.bench.table import print_recommendation, print_summary
+from specops.errors import SpecopsError
+
+
+def load_prompts(cfg: SweepConfig) -> list[prompt_lib.Prompt]:
+    if cfg.dataset is not None:
+        return prompt_lib.from_dataset(Path(cfg.dataset))
+    return prompt_lib.synthetic(cfg.synthetic, cfg.seed)
+
+
+def _spec(server, required: bool):
+    try:
+        return scrape_spec(server.base_url, server.api_key)
+    except SpecopsError:
+        if required:
+            raise
+        return None  # an external server without /metrics: no acceptance figures
+
+
+def measure(server, cfg: SweepConfig, point: Point, pool: list[prompt_lib.Prompt], on_progress=None) -> StoredConfig:
+    """Run one configuration against a running server."""
+    spec = loadgen.LoadSpec(base_url=server.base_url, model=server.model_name, concurrency=point.concurrency,
+                            temperature=point.temperature, max_tokens=cfg.max_tokens, rate=cfg.rate, seed=cfg.seed,
+                            api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos,
+                            timeout_s=cfg.request_timeout_s)
+    if cfg.warmup:
+        warm = loadgen.run(prompt_lib.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
+        if not any(r.ok for r in warm.records):
+            raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
+    timed = prompt_lib.ordered(pool, cfg.num_prompts, cfg.seed)
+    counts = point.gamma > 0 or cfg.backend == "external"
+    before = _spec(server, cfg.backend != "external") if counts else None
+    result = loadgen.run(timed, spec, on_progress)
+    after = _spec(server, cfg.backend != "external") if before is not None else None
+    if not any(r.ok for r in result.records):
+        raise SpecopsError(f"every request failed at {_label(point)}: {result.records[0].error}")
+    counters = None
+    if after is not None and (point.gamma > 0 or after.num_drafts > 0):
+        d = delta(after, before)
+        counters = {"num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
+                    "num_accepted_tokens": d.num_accepted_tokens, "accepted_per_pos": list(d.accepted_per_pos)}
+    return StoredConfig(point, result.duration_s, counters, result.records)
+
+
+def _label(p: Point) -> str:
+    return f"γ={p.gamma} concurrency={p.concurrency} temperature={p.temperature:g} repeat={p.repeat}"
+
+
+def run_sweep(cfg: SweepConfig, console: Optional[Console] = None, tables: Optional[Console] = None) -> Path:
+    """Measure every configuration of ``cfg``'s grid not yet in the run directory; returns the run directory.
+    Progress goes to ``console`` (stderr), the summary and recommendation tables to ``tables`` (stdout)."""
+    console = console or Console(stderr=True)
+    tables = tables or Console(width=None if sys.stdout.isatty() else 200)
+    cfg.validate()
+    pool = load_prompts(cfg)
+    preflight(cfg)
+    out = Path(cfg.out)
+    store = RunStore.open(out, cfg.fixed(), cfg.resume)
+    try:
+        _measure_pending(cfg, store, pool, console)
+    finally:  # an interrupted or failed sweep still exports what it finished
+        configs = store.configs()
+        doc = export(out, store.fixed(), configs, cfg.slo, cfg.gpu_hourly_cost, cfg.gpus) if configs else None
+        store.close()
+        if doc is not None:
+            rec = recommend(doc["configurations"], doc["fixed"].get("draft"))
+            (out / "recommendation.json").write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n",
+                                                     encoding="utf-8")
+    print_summary(doc["configurations"], cost=cfg.gpu_hourly_cost is not None, console=tables)
+    print_recommendation(rec, console=tables)
+    return out
+
+
+def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[prompt_lib.Prompt], console: Console) -> None:
+    if stop_stale(Path(cfg.out)):
+        console.print("stopped a server left running by an interrupted sweep of this run")
+    points = cfg.points()
+    done = store.done_keys()
+    pending = [p for p in points if p.key not in done]
+    if len(points) > len(pending):
+        console.print(f"resuming: {len(points) - len(pending)} of {len(points)} configurations already measured")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console) as bar:
+        grid = bar.add_task("configurations", total=len(points), completed=len(points) - len(pending), note="")
+        reqs = bar.add_task("requests", total=cfg.num_prompts, note="")
+        for gamma in cfg.gammas:
+            todo = [p for p in pending if p.gamma == gamma]
+            if not todo:
+                continue
+            bar.update(grid, note=f"starting server γ={gamma}")
+            with serving(cfg, gamma) as server:
+                for p in todo:
+                    bar.update(grid, note=_label(p))
+                    bar.reset(reqs, total=cfg.num_prompts)
+                    on_progress = lambda n_in, n_done: bar.update(  # noqa: E731
+                        reqs, completed=n_done, note=f"{n_in} in flight")
+                    store.commit(measure(server, cfg, p, pool, on_progress))
+                    bar.advance(grid)
+
+
+def run_bench(cfg: SweepConfig) -> dict[str, Any]:
+    """One configuration (single γ, concurrency and temperature); without ``cfg.out`` the run directory is temporary.
+    Returns its grid row."""
+    if len(cfg.gammas) != 1 or len(cfg.concurrencies) != 1 or len(cfg.temperatures) != 1:
+        raise SpecopsError("bench measures one configuration: one γ, one concurrency, one temperature")
+    with tempfile.TemporaryDirectory(prefix="specops-bench-") as tmp:
+        if cfg.out is None:
+            cfg.out = Path(tmp)
+        out = run_sweep(cfg, tables=Console(stderr=True))
+        doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return doc["configurations"][0]

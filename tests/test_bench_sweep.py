@@ -1,0 +1,215 @@
+"""Real sweeps through the embedded server: a SIGKILLed sweep resumes without redoing or losing anything, and a
+sweep on the fixture models fills every result field."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from engine_helpers import make_target
+from serve_helpers import FIXTURE
+from typer.testing import CliRunner
+
+from specops.bench.cli import app
+
+from specops.models.eagle3 import Eagle3Draft
+from specops.models.llama import LlamaConfig
+from specops.models.target import read_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def save_random_draft(model: Path, out: Path) -> Path:
+    return Eagle3Draft.random(LlamaConfig.from_dict(read_json(model / "config.json")), seed=0).save(out)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random 8-layer target with a character tokenizer, a random draft, and raw-text prompts."""
+    root = tmp_path_factory.mktemp("tiny")
+    make_target(root / "target", bigram=0.3)
+    save_random_draft(root / "target", root / "draft")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n"
+                               for i, t in enumerate(["red shoes", "a blue kettle", "cheap laptop", "nice hat"])))
+    return root
+
+
+def sweep_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specops.bench.cli", "sweep", *args]
+
+
+def rows(db: Path) -> tuple[dict, dict]:
+    """{config key: config row} and {(config key, idx): record JSON}, read without disturbing a writer."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        configs = {r[0]: r for r in conn.execute("SELECT * FROM configs")}
+        reqs = {(k, i): rec for k, i, rec in conn.execute("SELECT config_key, idx, record FROM requests")}
+    finally:
+        conn.close()
+    return configs, reqs
+
+
+def committed(db: Path) -> int:
+    if not db.is_file():
+        return 0
+    try:
+        return len(rows(db)[0])
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+
+
+def alive(pid: int, argv: list[str]) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return [a.decode() for a in raw.split(b"\0") if a] == argv
+
+
+@pytest.mark.slow
+def test_sigkilled_sweep_resumes_without_redoing_or_losing_anything(tiny, tmp_path):
+    run = tmp_path / "run"
+    num_prompts = 4
+    args = ["--model", str(tiny / "target"), "--draft", str(tiny / "draft"), "--gamma", "0,3",
+            "--concurrency", "1,2", "--temperature", "0", "--dataset", str(tiny / "prompts.jsonl"),
+            "--num-prompts", str(num_prompts), "--max-tokens", "8", "--warmup", "1", "--out", str(run)]
+    db = run / "runs.sqlite"
+    proc = subprocess.Popen(sweep_argv(*args), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = None
+    try:
+        deadline = time.monotonic() + 240
+        while committed(db) == 0:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no configuration committed"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        state = run / "server.json"
+        server = json.loads(state.read_text()) if state.is_file() else None
+        before_configs, before_reqs = rows(db)
+        assert 1 <= len(before_configs) < 4
+
+        # a resume with different fixed parameters is refused and changes nothing
+        refused = CliRunner().invoke(app, ["sweep", *args, "--max-tokens", "9", "--resume"])
+        assert refused.exit_code == 2 and "different fixed parameters (max_tokens: 8 in the run, 9 now)" in refused.output
+
+        done = subprocess.run(sweep_argv(*args, "--resume"), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert f"resuming: {len(before_configs)} of 4 configurations already measured" in done.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if server and alive(server["pid"], server["argv"]):
+            os.killpg(server["pid"], signal.SIGKILL)
+            pytest.fail("the server orphaned by the killed sweep was left running")
+
+    after_configs, after_reqs = rows(db)
+    assert len(after_configs) == 4
+    assert {(c[1], c[2], c[3]) for c in after_configs.values()} == {(g, c, 0.0) for g in (0, 3) for c in (1, 2)}
+    for key in after_configs:
+        assert sorted(i for k, i in after_reqs if k == key) == list(range(num_prompts))
+    assert {k: after_configs[k] for k in before_configs} == before_configs  # nothing finished was redone
+    assert {k: after_reqs[k] for k in before_reqs} == before_reqs  # ... or lost
+    results = json.loads((run / "results.json").read_text())
+    assert len(results["runs"]) == 4 and len(results["configurations"]) == 4
+
+
+FIXTURE_READY = (FIXTURE / "base" / "config.json").is_file() and (FIXTURE / "lora").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FIXTURE_READY, reason=f"fixture not built: {FIXTURE}")
+def test_sweep_on_the_fixture_fills_every_field(tmp_path):
+    pytest.importorskip("specops.task.synth")
+    draft = save_random_draft(FIXTURE / "target-merged", tmp_path / "draft")
+    run = tmp_path / "run"
+    done = subprocess.run(sweep_argv(
+        "--model", str(FIXTURE / "base"), "--lora", str(FIXTURE / "lora"), "--draft", str(draft),
+        "--gamma", "0,3", "--concurrency", "1,4", "--temperature", "0", "--synthetic", "8", "--num-prompts", "6",
+        "--max-tokens", "24", "--repeats", "2", "--slo", "e2e=60s,ttft=30s", "--gpu-hourly-cost", "2.5", "--gpus", "1",
+        "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run / "results.json").read_text())
+    assert len(results["runs"]) == 8
+    grid = {(r["gamma"], r["concurrency"]): r for r in results["configurations"]}
+    assert set(grid) == {(0, 1), (0, 4), (3, 1), (3, 4)}
+    for (gamma, _), r in grid.items():
+        assert r["errors"] == 0 and r["completed"] == 12
+        for dist in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            assert set(r[dist]) == {"mean", "p50", "p90", "p95", "p99"}
+        assert r["requests_per_s"] > 0 and r["output_tokens_per_s"] > 0 and r["goodput_rps"] > 0
+        assert 0 < r["slo_attainment"] <= 1
+        assert r["usd_per_million_output_tokens"] > 0
+        s = r["speedup_throughput"]
+        assert s["ci95_low"] <= s["value"] <= s["ci95_high"]
+        if gamma == 3:
+            acc = r["acceptance"]
+            assert acc["num_drafts"] > 0 and acc["num_draft_tokens"] == 3 * acc["num_drafts"]
+            assert 0 <= acc["acceptance_rate"] <= 1 and len(acc["per_position_rate"]) == 3
+            assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["num_accepted_tokens"] / acc["num_drafts"])
+        else:
+            assert r["acceptance"] is None
+    for run_row in results["runs"]:
+        assert run_row["total_output_tokens"] > 0
+    rec = json.loads((run / "recommendation.json").read_text())
+    (block,) = rec["by_temperature"]
+    assert [lv["concurrency"] for lv in block["levels"]] == [1, 4]
+    ranges = block["embedded"]["gamma_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 4
+    assert (run / "results.csv").read_text().count("\n") == 5
+    assert "sweep summary" in done.stdout
+
+
+def overlap(records) -> int:
+    """Most requests in flight at once, from the records' [start, end] intervals."""
+    events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_s, -1) for r in records])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.slow
+def test_load_generator_against_the_embedded_server(tiny):
+    from specops.backends import BackendConfig, start_backend
+    from specops.bench import loadgen
+    from specops.bench.prompts import from_dataset, ordered
+
+    pool = from_dataset(tiny / "prompts.jsonl")
+    with start_backend(BackendConfig(kind="embedded", model=tiny / "target", max_batch=4)) as server:
+        for rate, conc in ((None, 1), (None, 3), (50.0, 2)):
+            spec = loadgen.LoadSpec(server.base_url, server.model_name, concurrency=conc, temperature=0.0,
+                                    max_tokens=6, rate=rate)
+            res = loadgen.run(ordered(pool, 9, seed=0), spec)
+            recs = res.records
+            assert [r.idx for r in recs] == list(range(9)) and all(r.ok for r in recs)
+            assert overlap(recs) <= conc
+            assert res.duration_s == pytest.approx(max(r.start_s + r.e2e_s for r in recs))
+            for r in recs:
+                assert r.tokens_from == "usage" and 1 <= r.output_tokens <= 6 and r.prompt_tokens > 0
+                assert 0 < r.ttft_s <= r.e2e_s
+                assert len(r.itl_s) + 1 <= r.output_tokens  # one gap per text chunk after the first
+                assert r.ttft_s + sum(r.itl_s) <= r.e2e_s + 1e-9
+                assert r.text and r.finish_reason in ("stop", "length")
+
+
+@pytest.mark.slow
+def test_bench_command_prints_one_configuration(tiny):
+    done = subprocess.run([sys.executable, "-m", "specops.bench.cli", "bench", "--model", str(tiny / "target"),
+                           "--draft", str(tiny / "draft"), "--gamma", "2", "--concurrency", "2",
+                           "--rate", "poisson:20", "--dataset", str(tiny / "prompts.jsonl"), "--num-prompts", "4",
+                           "--max-tokens", "6", "--warmup", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert (row["gamma"], row["concurrency"], row["requests"], row["errors"]) == (2, 2, 4, 0)
+    assert row["acceptance"]["num_draft_tokens"] == 2 * row["acceptance"]["num_drafts"] > 0
+    assert row["speedup_throughput"] is None  # no γ = 0 measured
