@@ -1,0 +1,199 @@
+"""Grammar-constrained decoding (JSON schema / any JSON) through xgrammar, shaped for speculative decoding.
+
+A request's ``Constraint`` owns one xgrammar matcher at the state after the tokens emitted so far. For one
+speculative step the engine asks for the allowed-token masks at the γ+1 verified positions of a draft chain:
+the matcher is advanced through the draft tokens on a ``speculate()`` cursor, a mask is filled at each
+position, and the cursor rolls back on exit. Masking the target logits with these masks before verification
+keeps speculative decoding lossless with respect to the constrained distribution; masking the draft's
+proposals with them only raises acceptance. Emitted tokens are then ``commit``ted.
+
+Compilation follows vLLM's xgrammar backend (``any_whitespace=True``, strict mode; ``json_object`` is
+xgrammar's built-in JSON grammar), so both servers constrain a request to the same language.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+import xgrammar as xg
+
+from specops.errors import SpecopsError
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarError(SpecopsError):
+    """A response_format the grammar compiler cannot turn into a grammar (the client's mistake)."""
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's packed int32 bitmask [n, ⌈V/32⌉] → bool [n, V] (True = allowed)."""
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def grammar_key(response_format: dict[str, Any]) -> str:
+    """Cache key of a response_format: the schema's JSON with key order kept (property order is meaningful)."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return "json_object"
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise GrammarError("response_format.json_schema must be an object with a 'schema' object")
+        return "json_schema:" + json.dumps(spec["schema"], ensure_ascii=False)
+    raise GrammarError(f"unsupported response_format type {kind!r} (use 'json_schema' or 'json_object')")
+
+
+class Grammars:
+    """Compiles response formats for one tokenizer and model vocabulary, keeping the most recent ones."""
+
+    def __init__(self, tokenizer, vocab_size: int, max_cached: int = 64):
+        self.vocab_size = vocab_size
+        info = xg.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self._compiler = xg.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._cache: OrderedDict[str, xg.CompiledGrammar] = OrderedDict()
+        self._max_cached = max_cached
+        self._lock = threading.Lock()
+
+    def compile(self, response_format: dict[str, Any]) -> xg.CompiledGrammar:
+        key = grammar_key(response_format)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        try:
+            if key == "json_object":
+                compiled = self._compiler.compile_builtin_json_grammar()
+            else:
+                compiled = self._compiler.compile_json_schema(key.split(":", 1)[1], any_whitespace=True)
+        except RuntimeError as e:
+            raise GrammarError(f"invalid JSON schema: {_short(e)}") from None
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > self._max_cached:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def constraint(self, response_format: dict[str, Any], stop_token_ids: Sequence[int]) -> "Constraint":
+        """A fresh per-request constraint; ``stop_token_ids`` end the output once the grammar is complete."""
+        return Constraint(self.compile(response_format), self.vocab_size, stop_token_ids)
+
+
+def _short(e: Exception) -> str:
+    """xgrammar's message without its source-location prefix."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.split(": ", 1)[1] if text.startswith("[") and ": " in text else text
+
+
+class Constraint:
+    """One request's grammar state. Not thread-safe: used by the engine thread only."""
+
+    def __init__(self, compiled: xg.CompiledGrammar, vocab_size: int, stop_token_ids: Sequence[int]):
+        if not stop_token_ids:
+            raise GrammarError("a constrained request needs at least one stop token to end on")
+        self.vocab_size = vocab_size
+        self.stop_token_ids = list(stop_token_ids)
+        self._matcher = xg.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
+        self._bitmask = xg.allocate_token_bitmask(1, vocab_size)
+        self._stop_only = torch.zeros(vocab_size, dtype=torch.bool)
+        self._stop_only[self.stop_token_ids] = True
+
+    @property
+    def terminated(self) -> bool:
+        """True once a stop token has been committed after a complete match: nothing more may follow."""
+        return self._matcher.is_terminated()
+
+    @property
+    def completed(self) -> bool:
+        """True when the committed text is a complete match (a stop token is then allowed)."""
+        return self._matcher.is_completed()
+
+    def _current_mask(self) -> torch.Tensor:
+        if self._matcher.is_terminated():
+            return self._stop_only.clone()
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        return unpack_bitmask(self._bitmask, self.vocab_size)[0]
+
+    def mask(self) -> torch.Tensor:
+        """Allowed next tokens after the committed ones: bool [V]."""
+        return self._current_mask()
+
+    @contextmanager
+    def speculate(self) -> Iterator["Cursor"]:
+        """A cursor that walks ahead of the committed state through draft tokens; rolled back on exit."""
+        cursor = Cursor(self)
+        try:
+            yield cursor
+        finally:
+            if cursor.steps:
+                self._matcher.rollback(cursor.steps)
+
+    @contextmanager
+    def drafting(self, pending: Sequence[int]) -> Iterator["Cursor"]:
+        """A cursor for proposing the next draft chain, placed after ``pending``: tokens already emitted this step
+        but not committed yet (the engine drafts before it commits). Rolled back on exit."""
+        with self.speculate() as cur:
+            for t in pending:
+                cur.advance(int(t))
+            yield cur
+
+    def verification_masks(self, draft_tokens: Sequence[int]) -> torch.Tensor:
+        """Allowed tokens at each of the len(draft)+1 verified positions: bool [len(draft)+1, V].
+
+        Row i constrains the target's token after the committed ones plus draft_tokens[:i]. Rows after a draft
+        token the grammar rejects are never sampled from (verification rejects that token first, as its target
+        probability is masked to zero); they are all-True so the logits stay finite.
+        """
+        rows = []
+        with self.speculate() as cur:
+            rows.append(cur.mask())
+            for t in draft_tokens:
+                cur.advance(int(t))
+                rows.append(cur.mask())
+        return torch.stack(rows)
+
+    def commit(self, token_ids: Sequence[int]) -> None:
+        """Advance the committed state through emitted tokens (they were sampled under this constraint's masks)."""
+        for t in token_ids:
+            if not self._matcher.accept_token(int(t)):
+                raise RuntimeError(f"token {int(t)} emitted outside the grammar")
+
+
+class Cursor:
+    """Tentative position ahead of a constraint's committed state."""
+
+    def __init__(self, owner: Constraint):
+        self._owner = owner
+        self.steps = 0  # tokens the matcher accepted on this cursor (rolled back on exit)
+        self.dead = False  # a draft token was rejected: later positions are unreachable
+        self._last: torch.Tensor | None = None
+
+    def mask(self) -> torch.Tensor:
+        if self.dead:
+            return torch.ones(self._owner.vocab_size, dtype=torch.bool)
+        self._last = self._owner._current_mask()
+        return self._last
+
+    def advance(self, token_id: int) -> bool:
+        """Accept one draft token; False (and the cursor is dead) when the grammar rejects it."""
+        if self.dead:
+            return False
+        m = self._owner._matcher
+        known_bad = self._last is not None and not (0 <= token_id < len(self._last) and self._last[token_id])
+        self._last = None
+        if known_bad or m.is_terminated() or not m.accept_token(token_id):
+            self.dead = True
+            return False
+        self.steps += 1
+        return True
+
+
+def mask_logits_(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Set disallowed logits to -inf in place; ``allowed`` broadcasts over ``logits`` ([..., V] bool)."""
+    return logits.masked_fill_(~allowed, float("-inf"))

@@ -1,0 +1,72 @@
+"""EAGLE-3 chain drafting: γ tokens per request, batched, with the draft's own one-layer KV cache.
+
+One round = one pass over the tokens the target just verified (their taps, fused by ``fc``, paired with the
+token that followed each) plus γ − 1 single-token steps that feed the draft's own pre-norm output back.
+Rows read their first proposal at their own index ``pick`` (the last accepted position); entries the pass wrote
+beyond it sit at positions later steps overwrite first, as in vLLM's padded drafting.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import torch
+
+from specops.engine.sampling import logits_to_probs, sample_from
+from specops.models.eagle3 import Eagle3Draft
+
+
+class Eagle3Proposer:
+    def __init__(self, draft: Eagle3Draft, gamma: int, slots: int, max_len: int):
+        self.draft = draft
+        self.gamma = gamma
+        self.cache = draft.new_cache(slots, max_len)
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        taps: torch.Tensor,
+        positions: torch.Tensor,
+        pick: torch.Tensor,
+        slots: torch.Tensor,
+        temperature: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        u: torch.Tensor,
+        guides: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, positions: [B, T] (tokens already shifted: the token after each position); taps: [B, T, 3·H];
+        pick: [B] index of each row's last valid position; u: [B, γ] uniforms; guides: per row None or a grammar
+        cursor context (``Constraint.drafting``) whose masks restrict that row's proposals.
+        Returns draft tokens [B, γ] and the distributions they were sampled from [B, γ, V]."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        logits, prenorm = self.draft(tokens, self.draft.combine(taps), positions, self.cache, slots)
+        logits, hidden, pos = logits[rows, pick], prenorm[rows, pick].unsqueeze(1), positions[rows, pick]
+        out_tokens, out_probs = [], []
+        with ExitStack() as stack:
+            cursors = [stack.enter_context(g) if g is not None else None for g in guides or []]
+            for k in range(self.gamma):
+                for i, cur in enumerate(cursors):
+                    if cur is not None:
+                        _mask_draft_row(logits[i], cur.mask())
+                q = logits_to_probs(logits, temperature, top_k, top_p)
+                d = sample_from(q, u[:, k])  # greedy rows: q is one-hot at the argmax
+                for i, cur in enumerate(cursors):
+                    if cur is not None:
+                        cur.advance(int(d[i]))
+                out_tokens.append(d)
+                out_probs.append(q)
+                if k + 1 < self.gamma:
+                    pos = pos + 1
+                    logits, hidden = self.draft(d.unsqueeze(1), hidden, pos.unsqueeze(1), self.cache, slots)
+                    logits = logits[:, 0]
+        return torch.stack(out_tokens, dim=1), torch.stack(out_probs, dim=1)
+
+
+def _mask_draft_row(logits: torch.Tensor, allowed: torch.Tensor) -> None:
+    """Restrict one row's proposal to grammar-allowed tokens, unless the draft vocabulary has none of them (then
+    the proposal stays free and verification rejects it: any q keeps verification lossless)."""
+    masked = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    if torch.isfinite(masked).any():
+        logits.copy_(masked)

@@ -1,0 +1,95 @@
+"""Sampling parameters and batched logits → probabilities.
+
+Every row of a batch carries its own temperature / top-k / top-p, applied with tensor ops (no loop over rows).
+Randomness comes from one seeded ``torch.Generator`` per request that draws a fixed number of uniforms per step,
+so a request's output depends on its seed and prompt only, never on which other requests share the batch.
+Sampling is inverse-CDF on those uniforms, which keeps the random stream independent of the vocabulary order
+chosen by any kernel.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from specops.errors import SpecopsError
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings, named as in vLLM. ``temperature == 0`` is greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1): no limit
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.temperature < 0:
+            raise SpecopsError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecopsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise SpecopsError(f"top_k must be -1, 0 or positive, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise SpecopsError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise SpecopsError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device="cpu") -> torch.Generator:
+        """The request's random stream: seeded if a seed is given, else from fresh system entropy."""
+        g = torch.Generator(device=device)
+        g.manual_seed(self.seed if self.seed is not None else random.SystemRandom().getrandbits(63))
+        return g
+
+
+def logits_to_probs(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Distribution a sampler draws from, row by row.
+
+    logits: [B, ..., V]; temperature, top_k, top_p: [B] (greedy rows: temperature 0 → one-hot argmax; top_k <= 0:
+    no limit). Order as in vLLM: temperature, then top-k, then top-p over the renormalised top-k set (the smallest
+    set of most likely tokens whose mass reaches top_p; the most likely token is always kept).
+    """
+    b, v = logits.shape[0], logits.shape[-1]
+    shape = (b,) + (1,) * (logits.dim() - 1)
+    logits = logits.float()
+    greedy = (temperature == 0).view(shape)
+    temp = torch.where(temperature == 0, torch.ones_like(temperature), temperature).view(shape).float()
+    scaled = logits / temp
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=logits.device)
+    k = torch.where(top_k <= 0, torch.full_like(top_k, v), top_k).view(shape)
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep = (mass_before < top_p.view(shape).float()) | (rank == 0)
+    sorted_probs = sorted_probs * keep
+    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy, onehot, probs)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sample: probs [..., V] (need not be normalised), u [...] uniform in [0, 1) → ids [...]."""
+    cdf = probs.cumsum(dim=-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
+    # u·total can round up to total; fall back to the last token with mass rather than a zero-probability one.
+    last = ((probs > 0) * torch.arange(probs.shape[-1], device=probs.device)).argmax(dim=-1, keepdim=True)
+    idx = torch.where(probs.gather(-1, idx) > 0, idx, last)
+    return idx.squeeze(-1)

@@ -1,0 +1,277 @@
+"""Decoder-only transformer of the Llama family, run over a static per-slot KV cache.
+
+One forward covers Llama 2/3.x (incl. ``rope_type: llama3``), Llama-based Nemotron, Mistral, Qwen2 (q/k/v bias)
+and Qwen3 (per-head q_norm/k_norm). Module names follow Hugging Face's, so a checkpoint's state dict loads as is.
+
+The forward takes tokens ``[B, T]`` with explicit positions ``[B, T]`` and the cache slot of each row, writes the
+new keys/values into the cache and attends to every cached key whose position is <= the query's position. That
+rule makes padding and rejected speculative tokens harmless: they sit at positions beyond a row's valid length and
+are overwritten before any later query can reach them, so rollback is only a length reset.
+
+``aux_layers`` returns the EAGLE-3 taps with vLLM's meaning: for layer id ``i`` the residual stream entering
+layer ``i`` (the embedding for ``i = 0``, Hugging Face's ``hidden_states[i]``), concatenated in ascending layer order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specops.engine.kv_cache import KVCache
+from specops.errors import SpecopsError
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+}
+SUPPORTED_ROPE = {"default", "linear", "llama3"}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The fields of an HF ``config.json`` the forward depends on."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    architecture: str = "LlamaForCausalLM"
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        archs = d.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise SpecopsError(
+                f"unsupported architecture {archs or d.get('model_type')}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise SpecopsError(f"unsupported activation {act!r}; only silu is implemented")
+        # transformers >= 5 nests theta and scaling in rope_parameters; older files use rope_theta + rope_scaling.
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE:
+            raise SpecopsError(f"unsupported rope_type {rope_type!r}; supported: {sorted(SUPPORTED_ROPE)}")
+        rope["rope_type"] = rope_type
+        heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        bias = arch == "Qwen2ForCausalLM" or bool(d.get("attention_bias", False))
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=rope,
+            attention_bias=bias,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            architecture=arch,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+    def default_aux_layers(self) -> tuple[int, int, int]:
+        """vLLM's default EAGLE-3 taps: early, middle and late layer."""
+        n = self.num_hidden_layers
+        return (2, n // 2, n - 3)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies of rotary embedding, with the configured scaling applied (float64 for exactness)."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = cfg.rope_scaling
+    if rs["rope_type"] == "linear":
+        inv = inv / float(rs["factor"])
+    elif rs["rope_type"] == "llama3":
+        factor, low, high = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_len = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(medium, smoothed, inv)
+    return inv
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position the cache can hold; looked up by per-token position."""
+
+    def __init__(self, cfg: LlamaConfig, max_len: int):
+        super().__init__()
+        inv = rope_inv_freq(cfg).float()
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, heads, head_dim]; positions: [B, T]."""
+        cos = self.cos[positions].unsqueeze(2).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(2).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, so bf16 runs round the same way.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Write k/v at (slot, position), attend over the cache with the key-position <= query-position rule.
+
+    q: [B, T, H, D]; k, v: [B, T, KV, D]. Returns [B, T, H*D]. Keys are read up to the largest query position of
+    the batch, which bounds work by the live context rather than by the cache's capacity.
+    """
+    cache.write(layer, slots, positions, k, v)
+    span = int(positions.max()) + 1
+    keys, values = cache.read(layer, slots, span)  # [B, KV, S, D]
+    key_pos = torch.arange(span, device=q.device)
+    mask = key_pos.view(1, 1, 1, span) <= positions.view(positions.shape[0], 1, -1, 1)  # [B, 1, T, S]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=q.shape[2] != keys.shape[1]
+    )
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, in_features: int | None = None):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        inp = in_features or h
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(inp, self.n_heads * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(inp, self.n_kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(inp, self.n_kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x, rotary: Rotary, cache: KVCache, layer: int, slots, positions):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, positions), rotary(k, positions)
+        return self.o_proj(cached_attention(q, k, v, cache, layer, slots, positions))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rotary, cache, layer, slots, positions):
+        x = x + self.self_attn(self.input_layernorm(x), rotary, cache, layer, slots, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Target model. ``forward`` returns logits for every input token and, if asked, the EAGLE-3 taps."""
+
+    def __init__(self, cfg: LlamaConfig, max_len: int):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(cfg, max_len)
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        cfg, w = self.config, self.model.embed_tokens.weight
+        return KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, cfg.head_dim, w.dtype, w.device)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        slots: torch.Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(aux)·H] or None."""
+        x = self.model.embed_tokens(tokens)
+        taps = []
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layers:
+                taps.append(x)
+            x = layer(x, self.rotary, cache, i, slots, positions)
+        logits = self.lm_head(self.model.norm(x))
+        return logits, (torch.cat(taps, dim=-1) if taps else None)
