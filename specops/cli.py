@@ -38,6 +38,23 @@ def clean_errors(fn):
     return wrapper
 
 
+def _register_subcommands() -> None:
+    from specops.bench import cli as bench_cli
+    from specops.task.cli import app as task_app
+
+    from specops.models.fixtures_cli import app as fixtures_app
+    from specops.training.cli import train_draft
+
+    app.add_typer(task_app, name="task", help="The commerce task: synthetic data and scoring.")
+    app.add_typer(fixtures_app, name="fixtures", help="Build the bundled fixture models from the project's own recipe.")
+    app.command("train-draft")(clean_errors(train_draft))
+    app.command("bench")(bench_cli.bench)
+    app.command("sweep")(bench_cli.sweep)
+
+
+_register_subcommands()
+
+
 @app.command()
 @clean_errors
 def generate(
@@ -70,6 +87,44 @@ def generate(
             f"acceptance rate {stats['acceptance_rate']:.3f}, mean acceptance length {stats['mean_acceptance_length']:.3f}",
             err=True,
         )
+
+
+@app.command()
+@clean_errors
+def serve(
+    model: Path = typer.Option(..., "--model", help="Target model directory (Hugging Face layout, safetensors)."),
+    lora: Optional[Path] = typer.Option(None, "--lora", help="peft LoRA adapter directory."),
+    lora_mode: str = typer.Option("merged", "--lora-mode", help="merged or unmerged."),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft directory (enables speculation)."),
+    gamma: int = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests in flight before answering 429."),
+    max_batch: int = typer.Option(16, "--max-batch", min=1, help="Requests decoded together."),
+    max_seq_len: int = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model'."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+) -> None:
+    """OpenAI-compatible HTTP server over the engine: /v1/completions, /v1/chat/completions, /metrics, /health."""
+    from specops.serve.server import run_server
+
+    run_server(model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, host=host, port=port,
+               api_key=api_key, max_queue=max_queue, max_batch=max_batch, max_seq_len=max_seq_len,
+               served_model_name=served_model_name, device=device)
+
+
+@app.command()
+@clean_errors
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Folder for summary.json and outputs.jsonl."),
+    num_queries: int = typer.Option(32, "--num-queries", min=1, help="Held-out synthetic shopper queries."),
+    gamma: int = typer.Option(3, "--gamma", min=1, help="Speculative tokens per step for the draft run."),
+) -> None:
+    """Run the main job on the bundled fixtures: plain vs EAGLE-3, lossless check, quality, acceptance, speed."""
+    from specops import demo as demo_mod
+
+    demo_mod.run(out_dir=out, num_queries=num_queries, gamma=gamma)
 
 
 def main() -> None:

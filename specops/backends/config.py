@@ -1,0 +1,70 @@
+"""What to serve and with which server: one config for every backend kind."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from specops.errors import SpecopsError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("embedded", "vllm", "external")
+
+
+def default_vllm_python() -> Path:
+    """``$SPECOPS_VLLM_PYTHON``, else the repository's ``.venv-vllm`` (made by scripts/setup_vllm_env.sh)."""
+    env = os.environ.get("SPECOPS_VLLM_PYTHON")
+    return Path(env) if env else REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@dataclass
+class BackendConfig:
+    """``lora_mode``: "merge" folds the adapter into the weights (vLLM: a merged temporary copy, since LoRA with
+    EAGLE-3 crashes its CPU build; embedded: merged at load); "adapter" serves it unmerged (vLLM
+    ``--enable-lora``; embedded: unmerged forward)."""
+
+    kind: Literal["embedded", "vllm", "external"] = "embedded"
+    model: Optional[Path] = None
+    lora: Optional[Path] = None
+    draft: Optional[Path] = None
+    gamma: int = 3
+    url: Optional[str] = None
+    api_key: Optional[str] = None
+    vllm_python: Optional[Path] = None
+    vllm_args: list[str] = field(default_factory=list)
+    lora_mode: Literal["merge", "adapter"] = "merge"
+    startup_timeout_s: float = 300.0
+    served_model_name: Optional[str] = None
+    max_seq_len: int = 1024
+    max_batch: int = 16
+    host: str = "127.0.0.1"
+    port: Optional[int] = None  # None: a free port
+    stop_grace_s: float = 20.0
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise SpecopsError(f"backend must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.kind == "external":
+            if not self.url:
+                raise SpecopsError("the external backend needs a URL")
+            return
+        if self.model is None or not (Path(self.model) / "config.json").is_file():
+            raise SpecopsError(f"model directory not found or without config.json: {self.model}")
+        for name in ("lora", "draft"):
+            p = getattr(self, name)
+            if p is not None and not Path(p).is_dir():
+                raise SpecopsError(f"{name} directory not found: {p}")
+        if self.lora_mode not in ("merge", "adapter"):
+            raise SpecopsError(f"lora_mode must be 'merge' or 'adapter', not {self.lora_mode!r}")
+        if self.draft is not None and self.gamma < 1:
+            raise SpecopsError("gamma must be at least 1 when a draft is given")
+
+    @property
+    def model_name(self) -> str:
+        """The name requests carry: the same for every backend serving the same model."""
+        if self.served_model_name:
+            return self.served_model_name
+        name = Path(self.model).name
+        return f"{name}+{Path(self.lora).name}" if self.lora is not None else name
