@@ -8,7 +8,6 @@ counts differently. Slow (one vLLM start, about a minute); needs SPECOPS_VLLM_PY
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
