@@ -75,7 +75,8 @@ def test_vllm_backend_speculates_and_its_counters_are_scraped(random_draft):
         assert r.choices[0].finish_reason == "stop"
         assert validate(json.loads(r.choices[0].message.content)) == []
         d = delta(server.spec_counters(), before)
-    assert d.num_drafts > 0 and d.num_draft_tokens == GAMMA * d.num_drafts
+    # vLLM drafts fewer than γ tokens when a request is within γ of its length limit, never more
+    assert d.num_drafts > 0 and d.num_drafts <= d.num_draft_tokens <= GAMMA * d.num_drafts
     assert len(d.accepted_per_pos) == GAMMA and sum(d.accepted_per_pos) == d.num_accepted_tokens
     assert children() == before_children
 

@@ -128,8 +128,8 @@ def test_seeded_output_does_not_depend_on_batch_composition(models):
     [alone] = eng.generate([PROMPT], mine)
     others = [SamplingParams(temperature=t, max_tokens=m, seed=s, ignore_eos=True, top_k=k)
               for t, m, s, k in ((0.0, 5, None, 0), (0.8, 12, 7, 3), (1.5, 2, None, 0), (1.0, 9, 8, 0))]
-    crowd = eng.generate([[1, 7], PROMPT, [1, 3, 3, 3, 3], PROMPT, PROMPT], others[:2] + [mine] + others[2:])
-    assert crowd[2].token_ids == alone.token_ids
+    crowd = eng.generate([[1, 7], PROMPT, [1, 3, 3, 3, 3], PROMPT, PROMPT], others[:3] + [mine] + others[3:])
+    assert crowd[3].token_ids == alone.token_ids
     [again] = eng.generate([PROMPT], mine)
     assert again.token_ids == alone.token_ids
     unseeded = [o.token_ids for o in eng.generate([PROMPT] * 6, SamplingParams(temperature=1.0, max_tokens=12))]

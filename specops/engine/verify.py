@@ -21,10 +21,15 @@ def acceptance_probs(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> 
 
 
 def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p − q)); where p ≤ q everywhere (a rejection is then impossible) it falls back to p."""
+    """norm(max(0, p − q)); where p ≤ q everywhere (a rejection is then impossible) it falls back to p.
+
+    A residual mass below the dtype's smallest normal number is a rejection chance of nothing and cannot be
+    normalised accurately, so it takes the same fallback.
+    """
     r = (p - q).clamp_min(0)
     mass = r.sum(-1, keepdim=True)
-    return torch.where(mass > 0, r / mass.clamp_min(torch.finfo(r.dtype).tiny), p)
+    tiny = torch.finfo(r.dtype).tiny
+    return torch.where(mass >= tiny, r / mass.clamp_min(tiny), p)
 
 
 def verify(

@@ -309,7 +309,7 @@ def load_model(path: Path):
 
 
 def build(out: Path, quick: bool = False, seed: int = 0, progress: Progress | None = None) -> dict:
-    """Build base/, lora/ and target-merged/ into ``out``; returns sizes and measured quality.
+    """Build base/, lora/, target-merged/ and the two EAGLE-3 drafts into ``out``; returns sizes and quality.
 
     Everything is written into a temporary sibling directory first and each finished directory is moved into
     place at the end, so an interrupted build never leaves a directory that looks complete.
@@ -360,6 +360,10 @@ def build(out: Path, quick: bool = False, seed: int = 0, progress: Progress | No
             shutil.rmtree(dest)
         (tmp / name).rename(dest)
     shutil.rmtree(tmp)
+    from specops.training.fixtures import build_drafts  # the drafts are trained on the models just written
+
+    drafts = build_drafts(out, quick=quick, seed=seed, progress=progress)
+    summary["drafts"] = {name: report["acceptance"] for name, report in drafts.items()}
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
 
