@@ -94,3 +94,27 @@ def test_vllm_serves_lora_with_a_draft_through_a_merged_copy(random_draft):
     finally:
         server.stop()
     assert not merged_dir.exists()
+
+
+def test_vllm_metrics_acceptance_matches_specops_with_the_domain_draft():
+    """vLLM's own /metrics acceptance rate for the trained draft agrees with specops' on the same prompts."""
+    from specops.engine import Engine, SamplingParams
+    from specops.inputs import query_prompt_ids
+    from specops.models.fixtures import heldout_examples
+
+    draft = FIXTURE / "draft-domain"
+    queries = [e.query for e in heldout_examples(16)]
+    engine = Engine.load(MODEL, draft=draft, gamma=GAMMA, max_batch=16)
+    engine.generate([query_prompt_ids(engine.tokenizer, q) for q in queries],
+                    SamplingParams(temperature=0.0, max_tokens=160))
+    ours = engine.stats.acceptance_rate
+    cfg = BackendConfig(kind="vllm", model=MODEL, draft=draft, gamma=GAMMA, vllm_python=Path(VLLM_PYTHON))
+    with start_backend(cfg) as server:
+        before = server.spec_counters()
+        for q in queries:
+            _client(server).chat.completions.create(model=server.model_name, messages=task_messages(q),
+                                                    max_tokens=160, temperature=0)
+        d = delta(server.spec_counters(), before)
+    theirs = d.num_accepted_tokens / d.num_draft_tokens
+    assert ours > 0.5, ours  # the trained draft, not a random one
+    assert abs(ours - theirs) <= 0.10 * theirs, f"acceptance rate {ours:.3f} (specops) vs {theirs:.3f} (vLLM /metrics)"
