@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from specops.errors import SpecopsError
+from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(
     name="specops",
@@ -20,22 +19,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-
-def clean_errors(fn):
-    """User-fixable problems end the command with one line on stderr and exit code 2, no traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SpecopsError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            typer.secho("interrupted", fg="yellow", err=True)
-            raise typer.Exit(130) from None
-
-    return wrapper
 
 
 def _register_subcommands() -> None:

@@ -1,5 +1,28 @@
-"""One exception type for problems a user can fix: the CLI prints its message on one line, no traceback."""
+"""One exception type for problems a user can fix, and the CLI wrapper that reports it on one line."""
+
+from __future__ import annotations
+
+import functools
 
 
 class SpecopsError(Exception):
     """Bad input, a missing file, a model that does not fit: something the user can act on."""
+
+
+def clean_errors(fn):
+    """A CLI command whose user-fixable problems end with one line on stderr and exit code 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import typer
+
+        try:
+            return fn(*args, **kwargs)
+        except SpecopsError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", fg="yellow", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper

@@ -113,7 +113,7 @@ def test_loss_is_decayed_soft_cross_entropy_on_masked_positions():
 
 def test_accuracy_counts_the_shifted_teacher():
     """A draft that outputs the target's argmax one position ahead is right everywhere; the unshifted one is not."""
-    b, t, v = 1, 10, 6
+    t, v = 10, 6
     t2d = torch.ones(v, dtype=torch.bool)
     target_logits = torch.nn.functional.one_hot(torch.arange(t) % v, v).float().unsqueeze(0) * 10
     teach = ttt.teacher(target_logits, t2d)

@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from specops.errors import SpecopsError
+from specops.errors import clean_errors
 
 app = typer.Typer(help="Serving benchmarks: one configuration or the whole grid.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 
-
-def _clean_errors(fn):
-    """User-fixable problems end with one line on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SpecopsError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
 
 
 BACKEND = typer.Option("embedded", "--backend", help="embedded (specops' server), vllm (real vLLM) or external (--url).")
@@ -70,7 +56,7 @@ def _config(**kw):
 
 
 @app.command()
-@_clean_errors
+@clean_errors
 def sweep(
     out: Path = typer.Option(..., "--out", help="Run directory (SQLite store, results.json/.csv, recommendation.json)."),
     backend: str = BACKEND, model: Optional[Path] = MODEL, lora: Optional[Path] = LORA, draft: Optional[Path] = DRAFT,
@@ -96,7 +82,7 @@ def sweep(
 
 
 @app.command()
-@_clean_errors
+@clean_errors
 def bench(
     backend: str = BACKEND, model: Optional[Path] = MODEL, lora: Optional[Path] = LORA, draft: Optional[Path] = DRAFT,
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,

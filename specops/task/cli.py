@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from specops.errors import SpecopsError
+from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(help="The commerce task: synthetic data and task metrics.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 
 
-def _clean_errors(fn):
-    """User-fixable problems end the command with one line on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SpecopsError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
 
 @app.command()
-@_clean_errors
+@clean_errors
 def synth(
     n: int = typer.Option(1000, "--n", min=1, help="Number of examples."),
     seed: int = typer.Option(0, "--seed", help="Seed; examples depend only on (seed, index, languages)."),
@@ -70,7 +56,7 @@ def _read_predictions(path: Path) -> dict[str, str]:
 
 
 @app.command()
-@_clean_errors
+@clean_errors
 def score(
     pred: Path = typer.Option(..., "--pred", help='JSONL predictions: {"id", "text"} per line.'),
     gold: Path = typer.Option(..., "--gold", help="JSONL gold examples as written by `synth`."),
