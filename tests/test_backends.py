@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,6 +94,39 @@ def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period():
     assert p.stop(grace_s=0.5) == -9
     assert not p.group_alive()
     p.log_path.unlink()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux-only")
+def test_a_server_dies_with_the_process_that_started_it(tmp_path):
+    # A benchmark killed by SIGKILL runs no cleanup: the server it started must not outlive it.
+    pid_file = tmp_path / "server.pid"
+    parent = (
+        "import sys, time; from specops.backends.process import ServerProcess; "
+        "p = ServerProcess([sys.executable, '-c', 'import time; time.sleep(300)'], name='orphan'); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.proc.pid)); time.sleep(300)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 30
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the parent never started its server"
+        time.sleep(0.05)
+    server = int(pid_file.read_text())
+    os.kill(server, 0)  # running
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(server)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_server_that_dies_at_startup_is_reported_with_its_log():

@@ -1,15 +1,18 @@
 """A server subprocess in its own process group: started, waited on until healthy, stopped without orphans.
 
 Stopping signals the whole group (vLLM forks an engine-core process), SIGTERM first so servers drain, SIGKILL
-after a grace period, and SIGKILL again for any member that outlives the leader.
+after a grace period, and SIGKILL again for any member that outlives the leader. On Linux the server is also
+tied to its parent's life (``PR_SET_PDEATHSIG``), so a benchmark killed with SIGKILL leaves no server running.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +20,15 @@ from pathlib import Path
 import httpx
 
 from specops.errors import SpecopsError
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL it when the thread that started it dies."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,7 +46,8 @@ class ServerProcess:
         self._log = os.fdopen(fd, "wb")
         self.healthy = False
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=cwd, start_new_session=True)
+                                     env=env, cwd=cwd, start_new_session=True,
+                                     preexec_fn=_die_with_parent if _LIBC is not None else None)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
