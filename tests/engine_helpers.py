@@ -11,6 +11,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specops.models.eagle3 import Eagle3Draft
 
+# The test models are a few 64-wide matrices: extra intra-op threads only add synchronisation, and on a shared
+# two-core machine they spin against other processes (measured: ~50x slower per linear layer).
+torch.set_num_threads(1)
+
 SPECIALS = ["<pad>", "<s>", "</s>"]
 CHARS = string.ascii_lowercase + " .,:{}\"'0123456789"  # 3 specials + 45 characters = 48 tokens
 

@@ -122,18 +122,37 @@ def test_more_requests_than_slots_join_as_slots_free(bigram_target):
 
 
 @pytest.mark.skipif(not (FIXTURE / "config.json").is_file(), reason=f"fixture not built: {FIXTURE}")
-@pytest.mark.parametrize("gamma", [0, 3])
-def test_greedy_parity_on_commerce_fixture(gamma):
+@pytest.mark.parametrize("draft_name, gamma", [(None, 0), ("draft-domain", 3), ("draft-general", 5)])
+def test_greedy_parity_on_commerce_fixture(draft_name, gamma):
+    """The task model with its trained drafts: real chat prompts, JSON answers ending in EOS, real acceptance."""
     from transformers import AutoModelForCausalLM
 
+    from specops.inputs import query_prompt_ids
+
     hf = AutoModelForCausalLM.from_pretrained(str(FIXTURE), dtype=torch.float32).eval()
-    base = Engine.load(FIXTURE, gamma=gamma, max_seq_len=512)
-    draft = Eagle3Draft.random(base.model.config, seed=0) if gamma else None
-    eng = Engine(base.model, base.tokenizer, draft=draft, gamma=gamma, max_seq_len=512,
-                 eos_token_ids=base.eos_token_ids)
-    tok = eng.tokenizer
-    texts = ["red running shoes under 80 dollars", "a laptop bag", "wireless earbuds with noise cancelling"]
-    ps = [tok(t)["input_ids"] for t in texts]
-    outs = eng.generate(ps, SamplingParams(temperature=0, max_tokens=32))
+    draft = FIXTURE.parent / draft_name if draft_name else None
+    eng = Engine.load(FIXTURE, draft=draft, gamma=gamma, max_batch=4, max_seq_len=512)
+    queries = ["red running shoes under 80 dollars", "a laptop bag", "wireless earbuds with noise cancelling",
+               "送給媽媽的保溫杯，一千元以內"]
+    ps = [query_prompt_ids(eng.tokenizer, q) for q in queries]
+    outs = eng.generate(ps, SamplingParams(temperature=0, max_tokens=160))
     for p, o in zip(ps, outs):
-        assert o.token_ids == hf_greedy(hf, p, 32, eng.eos_token_ids)
+        assert o.token_ids == hf_greedy(hf, p, 160, eng.eos_token_ids)
+    assert all(o.finish_reason == "stop" and o.token_ids[-1] in eng.eos_token_ids for o in outs)
+    if draft_name == "draft-domain":  # trained on the task: usually right, mean acceptance length > 2
+        assert eng.stats.num_accepted_tokens > eng.stats.num_drafts
+    elif draft_name:
+        assert eng.stats.num_accepted_tokens > 0
+
+
+@pytest.mark.skipif(not (FIXTURE.parent / "lora" / "adapter_config.json").is_file(), reason="fixture not built")
+def test_fixture_lora_unmerged_equals_merged():
+    from specops.inputs import query_prompt_ids
+
+    outs = {}
+    for mode in ("merged", "unmerged"):
+        eng = Engine.load(FIXTURE.parent / "base", lora=FIXTURE.parent / "lora", lora_mode=mode,
+                          draft=FIXTURE.parent / "draft-domain", gamma=3, max_seq_len=512)
+        ps = [query_prompt_ids(eng.tokenizer, q) for q in ("blue jeans size 32", "a gaming mouse under 50 euros")]
+        outs[mode] = [o.token_ids for o in eng.generate(ps, SamplingParams(temperature=0, max_tokens=64))]
+    assert outs["merged"] == outs["unmerged"]

@@ -122,3 +122,43 @@ def test_sharded_checkpoint_loads(lora_setup, tmp_path):
     b, _ = load_target(tmp_path, max_len=32)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _tiny(cls_name, **kw):
+    import transformers
+
+    cfg = getattr(transformers, cls_name + "Config")(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=256, **kw)
+    return getattr(transformers, cls_name + "ForCausalLM")(cfg).eval()
+
+
+@pytest.mark.parametrize("cls_name, kw", [
+    ("Llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    ("Llama", dict(tie_word_embeddings=True, attention_bias=True, rope_theta=500000.0)),
+    ("Mistral", dict(sliding_window=None)),
+    ("Qwen2", dict()),
+    ("Qwen3", dict()),
+], ids=["llama3-rope", "llama-tied-bias", "mistral", "qwen2", "qwen3"])
+def test_forward_matches_transformers_per_architecture(tmp_path, cls_name, kw):
+    torch.manual_seed(0)
+    hf = _tiny(cls_name, **kw)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # random biases and norms too, so every term is exercised
+            p.normal_(0, 0.3 if p.dim() == 2 else 0.5)
+    hf.save_pretrained(str(tmp_path))
+    model, _ = load_target(tmp_path, max_len=128)
+    tokens = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, _ = model(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64), torch.tensor([0, 1]))
+        ref = hf(tokens).logits
+    assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_context_beyond_a_sliding_window_is_refused(tmp_path):
+    _tiny("Mistral", sliding_window=32).save_pretrained(str(tmp_path))
+    save_char_tokenizer(tmp_path)
+    with pytest.raises(SpecopsError, match="sliding window"):
+        Engine.load(tmp_path, max_seq_len=64)
+    assert Engine.load(tmp_path, max_seq_len=32).max_seq_len == 32

@@ -85,6 +85,11 @@ class Engine:
         self.draft = draft.attach(model).eval() if draft is not None and self.gamma else None
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         cfg = model.config
+        if cfg.sliding_window and max_seq_len > cfg.sliding_window:
+            raise SpecopsError(
+                f"max_seq_len={max_seq_len} exceeds the model's sliding window ({cfg.sliding_window}); "
+                "only full attention is implemented, so keep max_seq_len within the window"
+            )
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_id))
         self.device = model.model.embed_tokens.weight.device
@@ -172,7 +177,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Admit waiting requests (prefill, first token, first drafts), then advance the others by one round."""
         outputs: list[StepOutput] = []
-        decoding = list(self.running.values())
+        decoding = [self.running[s] for s in sorted(self.running)]  # slot order: consecutive slots read as views
         if self.waiting and self.free_slots:
             self._prefill(outputs)
         if decoding:
@@ -237,22 +242,25 @@ class Engine:
         logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers)
         rows = torch.arange(b, device=dev)
         temperature, top_k, top_p = self._params(reqs)
-        u = self._uniforms(reqs, 1 + g)
+        greedy_only = all(r.params.greedy for r in reqs)
+        u = None if greedy_only else self._uniforms(reqs, 1 + g)
         last = logits[rows, lens - 1]
         for i, r in enumerate(reqs):
             if r.constraint is not None:
                 _mask_(last[i], r.constraint.mask())
-        probs = logits_to_probs(last, temperature, top_k, top_p)
-        first = sample_from(probs, u[:, 0])  # greedy rows: probs is one-hot at the argmax
+        if greedy_only:
+            first = last.argmax(dim=-1)
+        else:
+            first = sample_from(logits_to_probs(last, temperature, top_k, top_p), u[:, 0])  # greedy rows: one-hot
         self.ctx_len[slots] = lens
         self.last_token[slots] = first
         if self.proposer is not None:
             shifted = torch.cat([tokens[:, 1:], tokens.new_zeros(b, 1)], dim=1)
             shifted[rows, lens - 1] = first
             guides = _guides(reqs, [[t] for t in first.tolist()])
-            d, q = self.proposer.propose(shifted, taps, positions, lens - 1, slots, temperature, top_k, top_p, u[:, 1:],
-                                         guides)
-            self.drafts[slots], self.draft_probs[slots] = d, q
+            d, q = self.proposer.propose(shifted, taps, positions, lens - 1, slots, temperature, top_k, top_p,
+                                         None if u is None else u[:, 1:], guides)
+            self._store_drafts(slots, d, q)
         for r, tok in zip(reqs, first.tolist()):
             self._emit(r, [tok], outputs)
 
@@ -260,7 +268,7 @@ class Engine:
     def _decode(self, reqs: list[_Request], outputs: list[StepOutput]) -> None:
         b, g, dev = len(reqs), self.gamma, self.device
         slots = torch.tensor([r.slot for r in reqs], device=dev)
-        drafts, draft_probs = self.drafts[slots], self.draft_probs[slots]
+        drafts = self.drafts[slots]
         tokens = torch.cat([self.last_token[slots].unsqueeze(1), drafts], dim=1)
         positions = self.ctx_len[slots].unsqueeze(1) + torch.arange(g + 1, device=dev)
         logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers)
@@ -268,21 +276,32 @@ class Engine:
             if r.constraint is not None:  # before verification: lossless w.r.t. the constrained distribution
                 _mask_(logits[i], r.constraint.verification_masks(drafts[i].tolist()))
         temperature, top_k, top_p = self._params(reqs)
-        probs = logits_to_probs(logits, temperature, top_k, top_p)
-        u = self._uniforms(reqs, 2 * g + 1)
-        n, out = verify(logits, probs, drafts, draft_probs, temperature == 0, u[:, :g], u[:, g])
+        if all(r.params.greedy for r in reqs):  # no distributions or random draws needed
+            n, out = verify(logits, None, drafts, None, temperature == 0, None, None)
+            u_draft = None
+        else:
+            probs = logits_to_probs(logits, temperature, top_k, top_p)
+            u = self._uniforms(reqs, 2 * g + 1)
+            n, out = verify(logits, probs, drafts, self.draft_probs[slots], temperature == 0, u[:, :g], u[:, g])
+            u_draft = u[:, g + 1 :]
         rows = torch.arange(b, device=dev)
         self.ctx_len[slots] += n + 1
         self.last_token[slots] = out[rows, n]
         if self.proposer is not None:
             emitted = [row[: k + 1] for row, k in zip(out.tolist(), n.tolist())]
-            d, q = self.proposer.propose(out, taps, positions, n, slots, temperature, top_k, top_p, u[:, g + 1 :],
+            d, q = self.proposer.propose(out, taps, positions, n, slots, temperature, top_k, top_p, u_draft,
                                          _guides(reqs, emitted))
-            self.drafts[slots], self.draft_probs[slots] = d, q
+            self._store_drafts(slots, d, q)
         for r, k, toks in zip(reqs, n.tolist(), out.tolist()):
             r.stats.record(g, k)
             self.stats.record(g, k)
             self._emit(r, toks[: k + 1], outputs)
+
+    def _store_drafts(self, slots: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
+        """Pending drafts for the next verification; their distributions only matter to sampling rows."""
+        self.drafts[slots] = drafts
+        if probs is not None:
+            self.draft_probs[slots] = probs
 
     # -- stop conditions ----------------------------------------------------------------------------------------
 

@@ -23,6 +23,9 @@ class KVCache:
         self.k[layer, rows, :, positions] = k.to(self.k.dtype)
         self.v[layer, rows, :, positions] = v.to(self.v.dtype)
 
-    def read(self, layer: int, slots: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions [0, span) for each slot: [B, kv_heads, span, head_dim]."""
+    def read(self, layer: int, slots: torch.Tensor | slice, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions [0, span) for each slot: [B, kv_heads, span, head_dim].
+
+        A slice of consecutive slots returns views; a tensor of slots gathers copies.
+        """
         return self.k[layer, slots, :, :span], self.v[layer, slots, :, :span]

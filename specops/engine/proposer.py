@@ -33,13 +33,14 @@ class Eagle3Proposer:
         temperature: torch.Tensor,
         top_k: torch.Tensor,
         top_p: torch.Tensor,
-        u: torch.Tensor,
+        u: torch.Tensor | None,
         guides: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, positions: [B, T] (tokens already shifted: the token after each position); taps: [B, T, 3·H];
-        pick: [B] index of each row's last valid position; u: [B, γ] uniforms; guides: per row None or a grammar
+        pick: [B] index of each row's last valid position; u: [B, γ] uniforms, or None when every row is greedy
+        (then drafts are argmaxes and no distributions are returned); guides: per row None or a grammar
         cursor context (``Constraint.drafting``) whose masks restrict that row's proposals.
-        Returns draft tokens [B, γ] and the distributions they were sampled from [B, γ, V]."""
+        Returns draft tokens [B, γ] and the distributions they were sampled from [B, γ, V] (or None)."""
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         logits, prenorm = self.draft(tokens, self.draft.combine(taps), positions, self.cache, slots)
         logits, hidden, pos = logits[rows, pick], prenorm[rows, pick].unsqueeze(1), positions[rows, pick]
@@ -50,18 +51,21 @@ class Eagle3Proposer:
                 for i, cur in enumerate(cursors):
                     if cur is not None:
                         _mask_draft_row(logits[i], cur.mask())
-                q = logits_to_probs(logits, temperature, top_k, top_p)
-                d = sample_from(q, u[:, k])  # greedy rows: q is one-hot at the argmax
+                if u is None:
+                    d = logits.argmax(dim=-1)
+                else:
+                    q = logits_to_probs(logits, temperature, top_k, top_p)
+                    d = sample_from(q, u[:, k])  # greedy rows: q is one-hot at the argmax
+                    out_probs.append(q)
                 for i, cur in enumerate(cursors):
                     if cur is not None:
                         cur.advance(int(d[i]))
                 out_tokens.append(d)
-                out_probs.append(q)
                 if k + 1 < self.gamma:
                     pos = pos + 1
                     logits, hidden = self.draft(d.unsqueeze(1), hidden, pos.unsqueeze(1), self.cache, slots)
                     logits = logits[:, 0]
-        return torch.stack(out_tokens, dim=1), torch.stack(out_probs, dim=1)
+        return torch.stack(out_tokens, dim=1), (torch.stack(out_probs, dim=1) if out_probs else None)
 
 
 def _mask_draft_row(logits: torch.Tensor, allowed: torch.Tensor) -> None:

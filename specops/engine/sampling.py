@@ -62,16 +62,32 @@ def logits_to_probs(
 
     logits: [B, ..., V]; temperature, top_k, top_p: [B] (greedy rows: temperature 0 → one-hot argmax; top_k <= 0:
     no limit). Order as in vLLM: temperature, then top-k, then top-p over the renormalised top-k set (the smallest
-    set of most likely tokens whose mass reaches top_p; the most likely token is always kept).
+    set of most likely tokens whose mass reaches top_p; the most likely token is always kept). Only rows that
+    filter pay for the sort, and a row's result never depends on the other rows of the batch.
     """
     b, v = logits.shape[0], logits.shape[-1]
     shape = (b,) + (1,) * (logits.dim() - 1)
     logits = logits.float()
-    greedy = (temperature == 0).view(shape)
-    temp = torch.where(temperature == 0, torch.ones_like(temperature), temperature).view(shape).float()
+    greedy = temperature == 0
+    onehot = torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    if bool(greedy.all()):
+        return onehot
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).view(shape).float()
     scaled = logits / temp
+    probs = scaled.softmax(dim=-1)
+    filtered = ((top_k > 0) & (top_k < v) | (top_p < 1)) & ~greedy
+    if bool(filtered.any()):
+        rows = filtered.nonzero().squeeze(1)
+        probs[rows] = _filtered_probs(scaled[rows], top_k[rows], top_p[rows])
+    return torch.where(greedy.view(shape), onehot, probs)
+
+
+def _filtered_probs(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p over sorted scaled logits [B, ..., V], renormalised and scattered back to vocab order."""
+    b, v = scaled.shape[0], scaled.shape[-1]
+    shape = (b,) + (1,) * (scaled.dim() - 1)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(v, device=logits.device)
+    rank = torch.arange(v, device=scaled.device)
     k = torch.where(top_k <= 0, torch.full_like(top_k, v), top_k).view(shape)
     sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
     sorted_probs = sorted_logits.softmax(dim=-1)
@@ -79,9 +95,7 @@ def logits_to_probs(
     keep = (mass_before < top_p.view(shape).float()) | (rank == 0)
     sorted_probs = sorted_probs * keep
     sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
-    probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
-    onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy, onehot, probs)
+    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -34,18 +34,19 @@ def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def verify(
     target_logits: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | None,
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     greedy: torch.Tensor,
-    u_accept: torch.Tensor,
-    u_sample: torch.Tensor,
+    u_accept: torch.Tensor | None,
+    u_sample: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decide how many drafts each row keeps and the token that follows them.
 
     target_logits, target_probs: [B, γ+1, V] at the γ+1 verified positions; draft_tokens: [B, γ];
     draft_probs: [B, γ, V], the distribution each draft token was sampled from (one-hot for a greedy draft);
-    greedy: [B] bool; u_accept: [B, γ], u_sample: [B] uniforms in [0, 1).
+    greedy: [B] bool; u_accept: [B, γ], u_sample: [B] uniforms in [0, 1). A batch of greedy rows only needs none
+    of the distributions or uniforms: pass None for them.
 
     Returns (num_accepted [B], tokens [B, γ+1]): tokens[b, :n+1] are the emitted tokens (n accepted drafts, then
     the bonus/recovered token); tokens[b, n+1:] keep the rejected drafts so the row is a valid shifted input
@@ -53,6 +54,10 @@ def verify(
     """
     b, g = draft_tokens.shape
     argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
+    if target_probs is None:
+        n = (draft_tokens == argmax[:, :g]).long().cumprod(dim=-1).sum(dim=-1)
+        tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(b, 1)], dim=1)
+        return n, tokens.scatter_(1, n.view(b, 1), argmax.gather(1, n.view(b, 1)))
     if g:
         greedy_ok = draft_tokens == argmax[:, :g]
         sample_ok = u_accept < acceptance_probs(target_probs[:, :g], draft_probs, draft_tokens)

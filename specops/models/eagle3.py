@@ -22,7 +22,7 @@ from torch import nn
 
 from specops.engine.kv_cache import KVCache
 from specops.errors import SpecopsError
-from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary
+from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary, StepMeta
 from specops.models.target import load_safetensors_dir, read_json
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -53,11 +53,11 @@ class Eagle3Layer(nn.Module):
         self.mlp = MLP(cfg)
         self.norm_before_residual = norm_before_residual
 
-    def forward(self, embeds, hidden, rotary, cache, slots, positions):
+    def forward(self, embeds, hidden, cache, meta: StepMeta):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        residual = residual + self.self_attn(x, rotary, cache, 0, slots, positions)
+        residual = residual + self.self_attn(x, cache, 0, meta)
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
@@ -228,7 +228,8 @@ class Eagle3Draft(nn.Module):
     def forward(self, tokens, hidden, positions, cache: KVCache, slots) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [B, T]; hidden: [B, T, H] (fc output or a previous pre-norm output).
         Returns (logits over the target vocabulary [B, T, V] with −inf outside the draft vocabulary, pre-norm [B, T, H])."""
-        prenorm = self.midlayer(self.embed(tokens), hidden, self.rotary, cache, slots, positions)
+        embeds = self.embed(tokens)
+        prenorm = self.midlayer(embeds, hidden, cache, StepMeta.build(self.rotary, slots, positions, embeds.dtype))
         draft_logits = self.lm_head(self.norm(prenorm))
         logits = draft_logits.new_full(draft_logits.shape[:-1] + (self.cfg.vocab_size,), float("-inf"))
         targets = torch.arange(self.draft_vocab_size, device=tokens.device) + self.d2t

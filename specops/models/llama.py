@@ -56,6 +56,7 @@ class LlamaConfig:
     architecture: str = "LlamaForCausalLM"
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    sliding_window: int | None = None  # attention here is full; contexts must stay within a configured window
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
@@ -78,6 +79,8 @@ class LlamaConfig:
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         bias = arch == "Qwen2ForCausalLM" or bool(d.get("attention_bias", False))
+        qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+        window = d.get("sliding_window") if (d.get("use_sliding_window") or not qwen) else None
         return cls(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
@@ -97,6 +100,7 @@ class LlamaConfig:
             architecture=arch,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            sliding_window=int(window) if window else None,
         )
 
     def default_aux_layers(self) -> tuple[int, int, int]:
@@ -136,13 +140,18 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [B, T], shaped [B, T, 1, head_dim] to broadcast over heads."""
+        return self.cos[positions].unsqueeze(2).to(dtype), self.sin[positions].unsqueeze(2).to(dtype)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [B, T, heads, head_dim]; positions: [B, T]."""
-        cos = self.cos[positions].unsqueeze(2).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(2).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return rotate(x, *self.tables(positions, x.dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class RMSNorm(nn.Module):
@@ -158,27 +167,42 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: KVCache,
-    layer: int,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-) -> torch.Tensor:
-    """Write k/v at (slot, position), attend over the cache with the key-position <= query-position rule.
+@dataclass
+class StepMeta:
+    """What every attention layer of one forward shares, computed once per forward instead of once per layer.
 
-    q: [B, T, H, D]; k, v: [B, T, KV, D]. Returns [B, T, H*D]. Keys are read up to the largest query position of
-    the batch, which bounds work by the live context rather than by the cache's capacity.
+    ``read`` indexes the cache rows to attend over: a slice (a view, no copy) when the batch's slots are
+    consecutive in order, else the slot tensor (a gather). Keys are read up to the largest query position of the
+    batch, which bounds work by the live context rather than by the cache's capacity; ``mask`` applies the
+    key-position <= query-position rule.
     """
-    cache.write(layer, slots, positions, k, v)
-    span = int(positions.max()) + 1
-    keys, values = cache.read(layer, slots, span)  # [B, KV, S, D]
-    key_pos = torch.arange(span, device=q.device)
-    mask = key_pos.view(1, 1, 1, span) <= positions.view(positions.shape[0], 1, -1, 1)  # [B, 1, T, S]
+
+    slots: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B, T]
+    read: slice | torch.Tensor
+    span: int
+    mask: torch.Tensor  # [B, 1, T, span] bool
+    cos: torch.Tensor  # [B, T, 1, head_dim]
+    sin: torch.Tensor
+
+    @classmethod
+    def build(cls, rotary: "Rotary", slots: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> "StepMeta":
+        ids = slots.tolist()
+        consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+        read = slice(ids[0], ids[0] + len(ids)) if consecutive else slots
+        span = int(positions.max()) + 1
+        key_pos = torch.arange(span, device=positions.device)
+        mask = key_pos.view(1, 1, 1, span) <= positions.view(positions.shape[0], 1, -1, 1)
+        return cls(slots, positions, read, span, mask, *rotary.tables(positions, dtype))
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+                     meta: StepMeta) -> torch.Tensor:
+    """Write k/v at (slot, position), attend over the cache. q: [B, T, H, D]; k, v: [B, T, KV, D] → [B, T, H*D]."""
+    cache.write(layer, meta.slots, meta.positions, k, v)
+    keys, values = cache.read(layer, meta.read, meta.span)  # [B, KV, S, D]
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=q.shape[2] != keys.shape[1]
+        q.transpose(1, 2), keys, values, attn_mask=meta.mask, enable_gqa=q.shape[2] != keys.shape[1]
     )
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
 
@@ -198,15 +222,15 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x, rotary: Rotary, cache: KVCache, layer: int, slots, positions):
+    def forward(self, x, cache: KVCache, layer: int, meta: StepMeta):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
-        return self.o_proj(cached_attention(q, k, v, cache, layer, slots, positions))
+        q, k = rotate(q, meta.cos, meta.sin), rotate(k, meta.cos, meta.sin)
+        return self.o_proj(cached_attention(q, k, v, cache, layer, meta))
 
 
 class MLP(nn.Module):
@@ -229,8 +253,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rotary, cache, layer, slots, positions):
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cache, layer, slots, positions)
+    def forward(self, x, cache, layer, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cache, layer, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -268,10 +292,11 @@ class LlamaForCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(aux)·H] or None."""
         x = self.model.embed_tokens(tokens)
+        meta = StepMeta.build(self.rotary, slots, positions, x.dtype)
         taps = []
         for i, layer in enumerate(self.model.layers):
             if i in aux_layers:
                 taps.append(x)
-            x = layer(x, self.rotary, cache, i, slots, positions)
+            x = layer(x, cache, i, meta)
         logits = self.lm_head(self.model.norm(x))
         return logits, (torch.cat(taps, dim=-1) if taps else None)
