@@ -54,8 +54,6 @@ def test_special_ids_and_chat_template(tok):
     assert tok.decode(tok("藍色 Nike 慢跑鞋 NT$3,000", add_special_tokens=False)["input_ids"]) == "藍色 Nike 慢跑鞋 NT$3,000"
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the committed target reaches 0.97 schema-valid but 0.65 field "
-                   "accuracy (bar 0.80); the recipe needs a longer LoRA stage")
 def test_target_does_the_task(tok, heldout):
     model = fixtures.load_model(ROOT / "target-merged")
     texts = fixtures.greedy_answers(model, tok, [e.query for e in heldout], max_new_tokens=fixtures.FULL.max_new_tokens)

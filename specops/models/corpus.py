@@ -15,6 +15,8 @@ import json
 import random
 from typing import Callable
 
+from specops.task import lexicon as lx
+
 BOS, EOT = "<|bos|>", "<|eot|>"
 
 BRANDS = [
@@ -122,14 +124,49 @@ def _price(rng: random.Random) -> int | float:
     return value + 0.99 if rng.random() < 0.15 else value
 
 
+def _catalog() -> tuple[dict, dict, dict]:
+    """Products by language and category: the tables above plus the shop's catalog words.
+
+    A commerce base model knows the shop's products, brands and categories (catalog copy is general domain
+    text); what it has never seen is the search-parameter task itself.
+    """
+    products = {"en": {k: list(v) for k, v in PRODUCTS_EN.items()}, "zh-TW": {k: list(v) for k, v in PRODUCTS_ZH.items()}}
+    brands: dict = {"en": {}, "zh-TW": {}}
+    features: dict = {"en": {}, "zh-TW": {}}
+    for name, cat in lx.CATEGORIES.items():
+        for i, lang in enumerate(("en", "zh-TW")):
+            items = products[lang].setdefault(name, [])
+            items += [pair[i] for pair in cat.products if pair[i] not in items]
+            brands[lang][name] = list(cat.brands[lang])
+            features[lang][name] = [pair[i] for pair in cat.features]
+    return products, brands, features
+
+
+CATALOG, CATEGORY_BRANDS, CATEGORY_FEATURES = _catalog()
+
+
 def _product(rng: random.Random, lang: str) -> tuple[str, str]:
-    table = PRODUCTS_EN if lang == "en" else PRODUCTS_ZH
+    table = CATALOG["en" if lang == "en" else "zh-TW"]
     category = rng.choice(sorted(table))
     return category, rng.choice(table[category])
 
 
+def _brand(rng: random.Random, lang: str, category: str) -> str:
+    own = CATEGORY_BRANDS["en" if lang == "en" else "zh-TW"].get(category)
+    return rng.choice(own) if own and rng.random() < 0.7 else rng.choice(BRANDS)
+
+
+def _featured(rng: random.Random, lang: str, category: str, item: str) -> str:
+    """Sometimes a catalog feature in front of the product: "waterproof bluetooth speaker", "防水藍牙喇叭"."""
+    feats = CATEGORY_FEATURES["en" if lang == "en" else "zh-TW"].get(category)
+    if not feats or rng.random() < 0.6:
+        return item
+    return rng.choice(feats) + (" " if lang == "en" else "") + item
+
+
 def description(rng: random.Random, lang: str) -> str:
-    brand, (_, item) = rng.choice(BRANDS), _product(rng, lang)
+    category, item = _product(rng, lang)
+    brand, item = _brand(rng, lang, category), _featured(rng, lang, category, item)
     n, price = rng.randint(2, 40), _price(rng)
     if lang == "en":
         color = rng.choice(COLORS_EN)
@@ -141,7 +178,8 @@ def description(rng: random.Random, lang: str) -> str:
 
 
 def review(rng: random.Random, lang: str) -> str:
-    brand, (_, item) = rng.choice(BRANDS), _product(rng, lang)
+    category, item = _product(rng, lang)
+    brand = _brand(rng, lang, category)
     stars = rng.randint(1, 5)
     if lang == "en":
         return (f"{stars}/5 stars. I bought the {rng.choice(COLORS_EN)} {item} from {brand} last "
@@ -162,7 +200,7 @@ def product_record(rng: random.Random, lang: str) -> dict:
     category, item = _product(rng, lang)
     return {
         "sku": f"{rng.choice('ABCDEFGH')}{rng.randint(1000, 9999)}",
-        "name": f"{rng.choice(BRANDS)} {item}",
+        "name": f"{_brand(rng, lang, category)} {_featured(rng, lang, category, item)}",
         "category": category,
         "price": _price(rng),
         "currency": rng.choice(["USD", "TWD", "EUR", "JPY"]),
@@ -214,7 +252,8 @@ def _extraction_contact(rng: random.Random, lang: str) -> tuple[str, dict]:
 
 
 def _extraction_order(rng: random.Random, lang: str) -> tuple[str, dict]:
-    brand, (_, item) = rng.choice(BRANDS), _product(rng, lang)
+    category, item = _product(rng, lang)
+    brand = _brand(rng, lang, category)
     qty, price = rng.randint(1, 5), _price(rng)
     gift = rng.random() < 0.3
     if lang == "en":
@@ -230,7 +269,60 @@ def _extraction_review(rng: random.Random, lang: str) -> tuple[str, dict]:
     return text, {"stars": stars, "positive": stars >= 4, "language": lang}
 
 
-EXTRACTORS = [_extraction_event, _extraction_contact, _extraction_order, _extraction_review]
+SYLLABLES = ["ka", "ri", "to", "mo", "zen", "lu", "vi", "xa", "no", "per", "sol", "dra", "qui", "bel", "ter", "on"]
+ZH_CHARS = "雅風森光禾晴悅山海星木田川月青品良樂"
+
+
+def coined(rng: random.Random, lang: str) -> str:
+    """A made-up brand-like word: a value no prior can guess, so the only way to get it right is to copy it."""
+    if lang == "en":
+        return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+    return "".join(rng.choice(ZH_CHARS) for _ in range(rng.randint(2, 3)))
+
+
+def _amount_text(rng: random.Random, lang: str, value: int) -> str:
+    """A price as people write it: 1500, 1,500, 1.5k, 3千, 2萬."""
+    r = rng.random()
+    if value >= 1000 and r < 0.3:
+        return f"{value:,}"
+    if lang == "en" and value % 500 == 0 and value >= 1000 and r < 0.5:
+        return f"{value / 1000:g}k"
+    if lang != "en" and value % 10000 == 0 and r < 0.6:
+        return f"{value // 10000}萬"
+    if lang != "en" and value % 1000 == 0 and value < 10000 and r < 0.6:
+        return f"{value // 1000}千"
+    return str(value)
+
+
+def _extraction_listing(rng: random.Random, lang: str) -> tuple[str, dict]:
+    """A second-hand listing: product words, brand and price copied, colour named in English."""
+    _, item = _product(rng, lang)
+    if rng.random() < 0.3:
+        item = (coined(rng, lang).lower() + " " + item) if lang == "en" else coined(rng, lang) + item
+    brand = rng.choice(BRANDS) if rng.random() < 0.5 else coined(rng, lang)
+    k = rng.randrange(len(COLORS_EN))
+    price = rng.choice([rng.randint(1, 99) * 10, rng.randint(1, 50) * 500, rng.randint(1, 20) * 10000, rng.randint(5, 999)])
+    used, free = rng.random() < 0.5, rng.random() < 0.4
+    amount = _amount_text(rng, lang, price)
+    if lang == "en":
+        text = (f"{'Selling my used' if used else 'Brand new'} {COLORS_EN[k]} {brand} {item}, asking {amount}"
+                + (", free shipping." if free else "."))
+    else:
+        text = f"{'出售二手' if used else '全新'}{COLORS_ZH[k]}{brand}{item}，售價{amount}元" + ("，免運。" if free else "。")
+    return text, {"item": item, "brand": brand, "color": COLORS_EN[k], "price": price, "used": used,
+                  "ships_free": free or None}
+
+
+def _extraction_names(rng: random.Random, lang: str) -> tuple[str, dict]:
+    """Pick the product names out of a sentence, exactly as written."""
+    names = [coined(rng, lang) + ("" if lang != "en" else " ") + _product(rng, lang)[1] for _ in range(rng.randint(1, 3))]
+    text = ("We stock " + ", ".join(names) + " this week." if lang == "en"
+            else "本週有貨：" + "、".join(names) + "。")
+    return text, {"products": names, "count": len(names)}
+
+
+EXTRACTORS = [_extraction_event, _extraction_contact, _extraction_order, _extraction_review, _extraction_listing,
+              _extraction_listing, _extraction_names, _extraction_names]
 
 
 def extraction(rng: random.Random, lang: str) -> str:
@@ -245,12 +337,12 @@ def extraction(rng: random.Random, lang: str) -> str:
 
 GENRES: list[tuple[Callable[[random.Random, str], str], float, bool]] = [
     # (generator, weight, is_chat)
-    (description, 0.22, False),
-    (review, 0.18, False),
-    (chitchat, 0.18, True),
-    (json_record, 0.12, False),
-    (search_page, 0.06, False),
-    (extraction, 0.24, True),
+    (description, 0.16, False),
+    (review, 0.12, False),
+    (chitchat, 0.12, True),
+    (json_record, 0.15, False),
+    (search_page, 0.05, False),
+    (extraction, 0.40, True),
 ]
 
 

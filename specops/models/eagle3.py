@@ -209,6 +209,7 @@ class Eagle3Draft(nn.Module):
         ids = list(self.aux_layers)
         config["eagle_config"] = {**(config.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": ids}
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "model.safetensors").chmod(0o644)  # the writer creates it private; a draft is shared data
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return out
 

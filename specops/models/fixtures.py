@@ -54,12 +54,12 @@ class Recipe:
     pretrain_steps: int = 400
     pretrain_batch: int = 16
     pretrain_lr: float = 3e-3
-    lora_rank: int = 32
-    lora_alpha: int = 64
+    lora_rank: int = 64
+    lora_alpha: int = 128
     train_examples: int = 12_000
-    lora_steps: int = 700
+    lora_steps: int = 1800
     lora_batch: int = 16
-    lora_lr: float = 2e-3
+    lora_lr: float = 3e-3
     eval_examples: int = 100
     max_new_tokens: int = 192
 
@@ -145,7 +145,7 @@ def pretrain(recipe: Recipe, tok, docs: list[str], seed: int, progress: Progress
     torch.manual_seed(seed)
     model = LlamaForCausalLM(model_config(recipe, tok))
     gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n_blocks, generator=gen)
+    order = torch.randperm(n_blocks, generator=gen, device="cpu").to(blocks.device)
 
     def loss_at(step: int) -> torch.Tensor:
         x = blocks[order[(torch.arange(recipe.pretrain_batch) + step * recipe.pretrain_batch) % n_blocks]]
@@ -242,6 +242,7 @@ def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
     out = {k: tensors[k].detach().to(torch.bfloat16).contiguous() for k in sorted(tensors)}
     save_file(out, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # the writer creates it private; fixtures are shared read-only data
 
 
 def save_model(model, tok, recipe: Recipe, out: Path) -> None:
@@ -351,9 +352,7 @@ def build(out: Path, quick: bool = False, seed: int = 0, progress: Progress | No
         "target": quality(target_report),
         "base": quality(base_report),
     }
-    write_json(tmp / "build.json", summary)
-    write_readme(tmp, summary, recipe, quick)
-    for name in (*SUBDIRS, "build.json", "README.md"):
+    for name in SUBDIRS:
         dest = out / name
         out.mkdir(exist_ok=True)
         if dest.is_dir():
@@ -364,8 +363,9 @@ def build(out: Path, quick: bool = False, seed: int = 0, progress: Progress | No
 
     drafts = build_drafts(out, quick=quick, seed=seed, progress=progress)
     summary["drafts"] = {name: report["acceptance"] for name, report in drafts.items()}
-    summary["seconds"] = round(time.monotonic() - t0, 1)
-    return summary
+    write_json(out / "build.json", summary)  # last, with the drafts: its presence marks a finished build
+    write_readme(out, summary, recipe, quick)
+    return {**summary, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def write_readme(root: Path, summary: dict, recipe: Recipe, quick: bool) -> None:
@@ -375,7 +375,9 @@ def write_readme(root: Path, summary: dict, recipe: Recipe, quick: bool) -> None
         f"| `{d}/{f.name}` | {f.stat().st_size / 1e6:.2f} MB |"
         for d in SUBDIRS for f in sorted((root / d).iterdir()) if f.suffix == ".safetensors"
     )
-    t, b = summary["target"], summary["base"]
+    t, b, drafts = summary["target"], summary["base"], summary["drafts"]
+    rows = "\n".join(f"| `{name}/` | {a['after']['acceptance_rate']:.3f} | {a['after']['mean_acceptance_length']:.2f} |"
+                     for name, a in drafts.items())
     text = f"""# commerce-tiny fixture models
 
 Tiny models trained from the project's own synthetic data (nothing downloaded), small enough for CPU tests and
@@ -386,6 +388,8 @@ shaped so that real vLLM's CPU build serves them with an EAGLE-3 draft.
 | `base/` | `LlamaForCausalLM` ({summary['parameters'] / 1e6:.2f} M parameters, {recipe.num_layers} layers, hidden {recipe.hidden_size}, {recipe.num_heads} heads / {recipe.num_kv_heads} KV heads of dim {recipe.head_dim}, untied embeddings) with its own byte-level BPE tokenizer ({summary['vocab_size']} tokens) and chat template, pretrained for {recipe.pretrain_steps} steps on a general synthetic mix (product copy, reviews, chit-chat, generic JSON; English and Traditional Chinese). It is not the task model. |
 | `lora/` | peft LoRA adapter (rank {recipe.lora_rank}, alpha {recipe.lora_alpha}, all linear layers, {summary['lora_parameters'] / 1e6:.2f} M parameters) fine-tuned for {recipe.lora_steps} steps on synthetic commerce queries; `base_model_name_or_path` is `../base`, relative to this directory. |
 | `target-merged/` | `base` with the adapter merged (peft `merge_and_unload`), tokenizer files included: the task model. |
+| `draft-general/` | EAGLE-3 draft (vLLM's `LlamaForCausalLMEagle3` layout) trained on the **base** model's answers to general prompts: the stand-in for a published draft that never saw the fine-tuned target. |
+| `draft-domain/` | `draft-general` fine-tuned on the **LoRA target's** answers to synthetic commerce queries (none held out). Each draft directory has its `train_report.json`. |
 
 Chat template: `<|bos|>`, then `<|role|>\\n{{content}}<|eot|>\\n` per message, then `<|assistant|>\\n`. The answer is the
 canonical JSON followed by `<|eot|>` (the EOS id in `config.json` and `generation_config.json`).
@@ -413,5 +417,13 @@ Greedy decoding of {summary['heldout']} held-out synthetic queries (never seen i
 | `base/` | {b['valid_rate']:.3f} | {b['field_accuracy']:.3f} | {b['exact_match']:.3f} |
 
 Per-field accuracy of `target-merged/`: {", ".join(f"{k} {v:.2f}" for k, v in t["per_field"].items())}.
+
+Each draft in front of the model it was trained for, greedy, γ = {drafts["draft-domain"]["after"]["gamma"]}, on its own held-out prompts
+(`train_report.json`: `draft-general/` with `base/` on general prompts, `draft-domain/` with `target-merged/` on
+commerce queries):
+
+| draft | acceptance rate | mean acceptance length |
+|---|---|---|
+{rows}
 """
     (root / "README.md").write_text(text, encoding="utf-8")
