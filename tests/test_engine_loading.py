@@ -10,6 +10,7 @@ from peft import LoraConfig, get_peft_model
 from engine_helpers import make_target, save_char_tokenizer
 from specops.engine import Engine, SamplingParams
 from specops.errors import SpecopsError
+from specops.models.llama import fuse_projections
 from specops.models.target import load_target
 
 
@@ -43,9 +44,15 @@ def test_unmerged_equals_merged_and_peft(lora_setup):
     for name, m in (("base", base), ("merged", merged), ("unmerged", unmerged)):
         with torch.no_grad():
             out[name], _ = m(tokens, pos, m.new_cache(1, 16), torch.tensor([0]))
+    # Fusing leaves layers that carry an unmerged adapter as they are (q, v, gate here) and stacks only plain ones.
+    with torch.no_grad():
+        out["unmerged, fused"], _ = fuse_projections(unmerged)(tokens, pos, unmerged.new_cache(1, 16), torch.tensor([0]))
     ref = peft_merged(tokens).logits
     assert torch.allclose(out["merged"], ref, atol=1e-4)
     assert torch.allclose(out["unmerged"], out["merged"], atol=1e-4)
+    assert torch.allclose(out["unmerged, fused"], out["merged"], atol=1e-4)
+    layer = unmerged.model.layers[0]
+    assert layer.self_attn.qkv_proj is None and layer.mlp.gate_up_proj is None  # their parts carry the adapter
     assert not torch.allclose(out["base"], out["merged"], atol=1e-2)  # the adapter matters
 
 
@@ -153,7 +160,13 @@ def test_forward_matches_transformers_per_architecture(tmp_path, cls_name, kw):
     with torch.no_grad():
         ours, _ = model(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64), torch.tensor([0, 1]))
         ref = hf(tokens).logits
+        fused, _ = fuse_projections(model)(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64),
+                                           torch.tensor([0, 1]))
     assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-4)
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
+    assert torch.allclose(fused, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_context_beyond_a_sliding_window_is_refused(tmp_path):

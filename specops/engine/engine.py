@@ -24,7 +24,7 @@ from specops.engine.stats import SpecStats
 from specops.engine.verify import verify
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
-from specops.models.llama import LlamaForCausalLM, Rotary
+from specops.models.llama import LlamaForCausalLM, Rotary, fuse_projections
 from specops.models.target import load_target, load_tokenizer
 
 if TYPE_CHECKING:
@@ -130,7 +130,8 @@ class Engine:
         model, _ = load_target(model_dir, lora=lora, lora_mode=lora_mode, device=device, dtype=dtype, max_len=capacity)
         tokenizer = load_tokenizer(model_dir, model.config.vocab_size)
         if draft is not None and not isinstance(draft, Eagle3Draft):
-            draft = Eagle3Draft.load(draft, model, max_len=capacity)
+            draft = fuse_projections(Eagle3Draft.load(draft, model, max_len=capacity))
+        fuse_projections(model)
         return cls(
             model,
             tokenizer,

@@ -162,9 +162,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 like the reference implementations, so bf16 runs round the same way.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 @dataclass
@@ -221,15 +219,26 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.qkv_proj: nn.Linear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Serve q, k and v from one matmul over their stacked weights (the checkpoint layout is gone after)."""
+        self.qkv_proj = _stacked(self, "q_proj", "k_proj", "v_proj") or self.qkv_proj
 
     def forward(self, x, cache: KVCache, layer: int, meta: StepMeta):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        h, kv = self.n_heads, self.n_kv
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        qkv = qkv.view(b, t, h + 2 * kv, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, meta.cos, meta.sin), rotate(k, meta.cos, meta.sin)
+            qk = torch.cat([self.q_norm(qkv[:, :, :h]), self.k_norm(qkv[:, :, h : h + kv])], dim=2)
+        else:
+            qk = qkv[:, :, : h + kv]
+        qk = rotate(qk, meta.cos, meta.sin)  # q and k heads in one pass
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
         return self.o_proj(cached_attention(q, k, v, cache, layer, meta))
 
 
@@ -240,9 +249,45 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Serve gate and up from one matmul (the checkpoint layout is gone after)."""
+        self.gate_up_proj = _stacked(self, "gate_proj", "up_proj") or self.gate_up_proj
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _stacked(module: nn.Module, *names: str) -> nn.Linear | None:
+    """One linear layer whose output is the named layers' outputs side by side; they are removed from ``module``.
+    None (and nothing removed) if any of them is not a plain nn.Linear, e.g. one carrying an unmerged LoRA."""
+    parts = [getattr(module, n, None) for n in names]
+    if not all(type(p) is nn.Linear for p in parts):
+        return None
+    w = parts[0].weight
+    fused = nn.Linear(w.shape[1], sum(p.out_features for p in parts), bias=parts[0].bias is not None,
+                      device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    for n in names:
+        delattr(module, n)
+    return fused.requires_grad_(False)
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Stack q/k/v and gate/up of every layer for serving: fewer, larger matmuls, the same numbers up to rounding.
+    The model can no longer save or load a checkpoint state dict; engines call this on the models they own."""
+    for m in model.modules():
+        if isinstance(m, (Attention, MLP)):
+            m.fuse()
+    return model
 
 
 class DecoderLayer(nn.Module):
