@@ -167,6 +167,10 @@ def test_forward_matches_transformers_per_architecture(tmp_path, cls_name, kw):
     assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert torch.allclose(fused, ref, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # only the asked-for position's logits, as a prefill takes them
+        last, _ = model(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64), torch.tensor([0, 1]),
+                        logits_at=torch.tensor([39, 17]))
+    assert last.shape == (2, 1, 64) and torch.allclose(last[:, 0], fused[[0, 1], [39, 17]], rtol=1e-5, atol=1e-5)
 
 
 def test_context_beyond_a_sliding_window_is_refused(tmp_path):

@@ -240,12 +240,12 @@ class Engine:
             tokens[i, : len(r.prompt)] = torch.tensor(r.prompt, device=dev)
         positions = torch.arange(t, device=dev).expand(b, t)
         slots = torch.tensor([r.slot for r in reqs], device=dev)
-        logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers)
+        logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers, logits_at=lens - 1)
         rows = torch.arange(b, device=dev)
         temperature, top_k, top_p = self._params(reqs)
         greedy_only = all(r.params.greedy for r in reqs)
         u = None if greedy_only else self._uniforms(reqs, 1 + g)
-        last = logits[rows, lens - 1]
+        last = logits[:, 0]
         for i, r in enumerate(reqs):
             if r.constraint is not None:
                 _mask_(last[i], r.constraint.mask())

@@ -42,8 +42,9 @@ class Eagle3Proposer:
         cursor context (``Constraint.drafting``) whose masks restrict that row's proposals.
         Returns draft tokens [B, γ] and the distributions they were sampled from [B, γ, V] (or None)."""
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        logits, prenorm = self.draft(tokens, self.draft.combine(taps), positions, self.cache, slots)
-        logits, hidden, pos = logits[rows, pick], prenorm[rows, pick].unsqueeze(1), positions[rows, pick]
+        full = u is not None or guides is not None  # else argmaxes over the draft vocabulary are enough
+        logits, hidden = self.draft(tokens, self.draft.combine(taps), positions, self.cache, slots, full, at=pick)
+        logits, pos = logits[:, 0], positions[rows, pick]
         out_tokens, out_probs = [], []
         with ExitStack() as stack:
             cursors = [stack.enter_context(g) if g is not None else None for g in guides or []]
@@ -51,7 +52,9 @@ class Eagle3Proposer:
                 for i, cur in enumerate(cursors):
                     if cur is not None:
                         _mask_draft_row(logits[i], cur.mask())
-                if u is None:
+                if not full:
+                    d = self.draft.to_target(logits.argmax(dim=-1))
+                elif u is None:
                     d = logits.argmax(dim=-1)
                 else:
                     q = logits_to_probs(logits, temperature, top_k, top_p)
@@ -63,7 +66,7 @@ class Eagle3Proposer:
                 out_tokens.append(d)
                 if k + 1 < self.gamma:
                     pos = pos + 1
-                    logits, hidden = self.draft(d.unsqueeze(1), hidden, pos.unsqueeze(1), self.cache, slots)
+                    logits, hidden = self.draft(d.unsqueeze(1), hidden, pos.unsqueeze(1), self.cache, slots, full)
                     logits = logits[:, 0]
         return torch.stack(out_tokens, dim=1), (torch.stack(out_probs, dim=1) if out_probs else None)
 

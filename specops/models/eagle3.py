@@ -226,13 +226,24 @@ class Eagle3Draft(nn.Module):
         """Fuse the target's three taps [.., 3·H_target] into the draft's hidden [.., H]."""
         return self.fc(taps)
 
-    def forward(self, tokens, hidden, positions, cache: KVCache, slots) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens, hidden, positions, cache: KVCache, slots, full_vocab: bool = True,
+                at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [B, T]; hidden: [B, T, H] (fc output or a previous pre-norm output).
-        Returns (logits over the target vocabulary [B, T, V] with −inf outside the draft vocabulary, pre-norm [B, T, H])."""
+        Returns (logits, pre-norm [B, T, H]): logits over the target vocabulary [B, T, V] with −inf outside the
+        draft vocabulary, or with ``full_vocab=False`` over the draft vocabulary [B, T, V_draft] (map ids with
+        ``to_target``), which is all an argmax needs. ``at`` [B]: only that position's logits per row ([B, 1, ·])
+        and pre-norm ([B, 1, H])."""
         embeds = self.embed(tokens)
         prenorm = self.midlayer(embeds, hidden, cache, StepMeta.build(self.rotary, slots, positions, embeds.dtype))
+        if at is not None:
+            prenorm = prenorm[torch.arange(prenorm.shape[0], device=prenorm.device), at].unsqueeze(1)
         draft_logits = self.lm_head(self.norm(prenorm))
+        if not full_vocab:
+            return draft_logits, prenorm
         logits = draft_logits.new_full(draft_logits.shape[:-1] + (self.cfg.vocab_size,), float("-inf"))
-        targets = torch.arange(self.draft_vocab_size, device=tokens.device) + self.d2t
-        logits[..., targets] = draft_logits
+        logits[..., self.to_target(torch.arange(self.draft_vocab_size, device=tokens.device))] = draft_logits
         return logits, prenorm
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids to target ids (``d2t`` holds the offsets)."""
+        return draft_ids + self.d2t[draft_ids]

@@ -334,8 +334,12 @@ class LlamaForCausalLM(nn.Module):
         cache: KVCache,
         slots: torch.Tensor,
         aux_layers: tuple[int, ...] = (),
+        logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(aux)·H] or None."""
+        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(aux)·H] or None.
+
+        ``logits_at`` [B]: the one position per row whose logits are wanted (a prefill's last prompt token); the
+        logits are then [B, 1, V] and the LM head skips every other row."""
         x = self.model.embed_tokens(tokens)
         meta = StepMeta.build(self.rotary, slots, positions, x.dtype)
         taps = []
@@ -343,5 +347,7 @@ class LlamaForCausalLM(nn.Module):
             if i in aux_layers:
                 taps.append(x)
             x = layer(x, cache, i, meta)
+        if logits_at is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), logits_at].unsqueeze(1)
         logits = self.lm_head(self.model.norm(x))
         return logits, (torch.cat(taps, dim=-1) if taps else None)
