@@ -11,9 +11,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from specops.models.target import load_safetensors_dir, load_target
+from specops.models.target import load_safetensors_dir, load_target, save_safetensors
 
 
 def merge_lora(model_dir: Path, lora_dir: Path, out_dir: Path) -> Path:
@@ -26,5 +25,5 @@ def merge_lora(model_dir: Path, lora_dir: Path, out_dir: Path) -> Path:
     for f in model_dir.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, out_dir / f.name)
-    save_file(dict(sorted(state.items())), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, out_dir / "model.safetensors")
     return out_dir

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from specops.engine.kv_cache import KVCache
 from specops.errors import SpecopsError
 from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary, StepMeta
-from specops.models.target import load_safetensors_dir, read_json
+from specops.models.target import load_safetensors_dir, read_json, save_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -208,8 +207,7 @@ class Eagle3Draft(nn.Module):
         # Pin the taps: the draft was built for these layers, whatever vLLM's default for the target would be.
         ids = list(self.aux_layers)
         config["eagle_config"] = {**(config.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": ids}
-        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "model.safetensors").chmod(0o644)  # the writer creates it private; a draft is shared data
+        save_safetensors(state, out / "model.safetensors")
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return out
 
@@ -241,7 +239,7 @@ class Eagle3Draft(nn.Module):
         if not full_vocab:
             return draft_logits, prenorm
         logits = draft_logits.new_full(draft_logits.shape[:-1] + (self.cfg.vocab_size,), float("-inf"))
-        logits[..., self.to_target(torch.arange(self.draft_vocab_size, device=tokens.device))] = draft_logits
+        logits[..., torch.arange(self.draft_vocab_size, device=tokens.device) + self.d2t] = draft_logits
         return logits, prenorm
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -238,11 +238,9 @@ def finetune_lora(recipe: Recipe, base, hf_tok, examples, seed: int, progress: P
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """bf16 safetensors with sorted keys and fixed metadata (no timestamps), so rebuilds are byte-identical."""
-    from safetensors.torch import save_file
+    from specops.models.target import save_safetensors
 
-    out = {k: tensors[k].detach().to(torch.bfloat16).contiguous() for k in sorted(tensors)}
-    save_file(out, str(path), metadata={"format": "pt"})
-    path.chmod(0o644)  # the writer creates it private; fixtures are shared read-only data
+    save_safetensors({k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()}, path)
 
 
 def save_model(model, tok, recipe: Recipe, out: Path) -> None:

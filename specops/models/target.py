@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from specops.errors import SpecopsError
@@ -46,6 +47,13 @@ def load_safetensors_dir(model_dir: Path) -> dict[str, torch.Tensor]:
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)
     return tensors
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write ``tensors`` (keys sorted, fixed metadata: rebuilds are byte-identical) readable by every user: the
+    writer creates files private, and a saved model is shared data that servers run as other users load."""
+    save_file({k: tensors[k] for k in sorted(tensors)}, str(path), metadata={"format": "pt"})
+    Path(path).chmod(0o644)
 
 
 class LoRALinear(nn.Module):
