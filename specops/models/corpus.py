@@ -146,19 +146,19 @@ CATALOG, CATEGORY_BRANDS, CATEGORY_FEATURES = _catalog()
 
 
 def _product(rng: random.Random, lang: str) -> tuple[str, str]:
-    table = CATALOG["en" if lang == "en" else "zh-TW"]
+    table = CATALOG[lang]
     category = rng.choice(sorted(table))
     return category, rng.choice(table[category])
 
 
 def _brand(rng: random.Random, lang: str, category: str) -> str:
-    own = CATEGORY_BRANDS["en" if lang == "en" else "zh-TW"].get(category)
+    own = CATEGORY_BRANDS[lang].get(category)
     return rng.choice(own) if own and rng.random() < 0.7 else rng.choice(BRANDS)
 
 
 def _featured(rng: random.Random, lang: str, category: str, item: str) -> str:
     """Sometimes a catalog feature in front of the product: "waterproof bluetooth speaker", "防水藍牙喇叭"."""
-    feats = CATEGORY_FEATURES["en" if lang == "en" else "zh-TW"].get(category)
+    feats = CATEGORY_FEATURES[lang].get(category)
     if not feats or rng.random() < 0.6:
         return item
     return rng.choice(feats) + (" " if lang == "en" else "") + item
