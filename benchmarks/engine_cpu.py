@@ -24,9 +24,11 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
-from specops.engine import Engine, SamplingParams, SpecStats
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
+from specops.engine.stats import SpecStats
 from specops.inputs import query_prompt_ids
-from specops.interop.vllm import VllmRequest, run_vllm
+from specops.peers.vllm.offline import VllmRequest, run_vllm
 from specops.task import synth
 
 REPO = Path(__file__).resolve().parents[1]

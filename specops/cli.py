@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from specops.errors import SpecopsError, clean_errors
+from specops.engine.config import DTYPES, LORA_MODES, EngineConfig
+from specops.errors import clean_errors
 
 app = typer.Typer(
     name="specops",
@@ -20,50 +21,60 @@ app = typer.Typer(
 )
 
 
-
 def _register_subcommands() -> None:
     from specops.bench import cli as bench_cli
+    from specops.fixtures.cli import app as fixtures_app
     from specops.task.cli import app as task_app
-
-    from specops.models.fixtures_cli import app as fixtures_app
     from specops.training.cli import train_draft
 
     app.add_typer(task_app, name="task", help="The commerce task: synthetic data and scoring.")
     app.add_typer(fixtures_app, name="fixtures", help="Build the bundled fixture models from the project's own recipe.")
-    app.command("train-draft")(clean_errors(train_draft))
+    app.command("train-draft")(train_draft)
     app.command("bench")(bench_cli.bench)
     app.command("sweep")(bench_cli.sweep)
 
 
 _register_subcommands()
 
+# The engine settings `generate` and `serve` share (EngineConfig's fields, one flag each).
+MODEL = typer.Option(..., "--model", help="Target model directory (Hugging Face layout, safetensors).")
+LORA = typer.Option(None, "--lora", help="peft LoRA adapter directory to apply to the target.")
+LORA_MODE = typer.Option("merged", "--lora-mode", help=f"{' or '.join(LORA_MODES)}: fold the adapter into the "
+                                                       "weights at load, or add it in the forward.")
+DRAFT = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables speculative decoding.")
+GAMMA = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step (0 = plain decoding).")
+DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N.")
+DTYPE = typer.Option("float32", "--dtype", help=f"Weights and KV cache: {', '.join(DTYPES)}.")
+MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching).")
+MAX_SEQ_LEN = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request.")
+
+
+def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: int,
+                  device: str, dtype: str, max_batch: int, max_seq_len: int) -> EngineConfig:
+    return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, device=device,
+                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len).validate()
+
 
 @app.command()
 @clean_errors
 def generate(
-    model: Path = typer.Option(..., "--model", help="Target model directory (Hugging Face layout, safetensors)."),
+    model: Path = MODEL,
     prompts: Path = typer.Option(..., "--prompts", help='JSONL requests: {"id", "query"|"prompt"|"messages"} per line.'),
     out: Path = typer.Option(..., "--out", help='JSONL output: {"id", "text", "token_ids", "finish_reason", "spec"}.'),
-    lora: Optional[Path] = typer.Option(None, "--lora", help="peft LoRA adapter directory to apply to the target."),
-    lora_mode: str = typer.Option("merged", "--lora-mode", help="merged (fold into weights at load) or unmerged."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables speculative decoding."),
-    gamma: int = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step (0 = plain decoding)."),
+    lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT, gamma: int = GAMMA,
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 = no top-k cut."),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (each request gets its own generator)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    max_batch: int = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching)."),
+    device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
 ) -> None:
     """Decode a file of requests with the embedded engine (speculatively when --draft is given)."""
     from specops import generate as gen
 
-    if lora_mode not in ("merged", "unmerged"):
-        raise SpecopsError("--lora-mode must be 'merged' or 'unmerged'")
-    stats = gen.run(model=model, prompts=prompts, out=out, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma,
-                    temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
-                    device=device, max_batch=max_batch)
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len)
+    stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
+                    max_tokens=max_tokens, seed=seed)
     typer.echo(f"wrote {out}", err=True)
     if draft is not None:
         typer.echo(
@@ -75,26 +86,24 @@ def generate(
 @app.command()
 @clean_errors
 def serve(
-    model: Path = typer.Option(..., "--model", help="Target model directory (Hugging Face layout, safetensors)."),
-    lora: Optional[Path] = typer.Option(None, "--lora", help="peft LoRA adapter directory."),
-    lora_mode: str = typer.Option("merged", "--lora-mode", help="merged or unmerged."),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="EAGLE-3 draft directory (enables speculation)."),
-    gamma: int = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step."),
+    model: Path = MODEL, lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT,
+    gamma: int = GAMMA,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests in flight before answering 429."),
-    max_batch: int = typer.Option(16, "--max-batch", min=1, help="Requests decoded together."),
-    max_seq_len: int = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request."),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model'."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
+                                                    help="Name clients send as 'model' (default: --model as given)."),
+    device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
 ) -> None:
     """OpenAI-compatible HTTP server over the engine: /v1/completions, /v1/chat/completions, /metrics, /health."""
+    import logging
+
     from specops.serve.server import run_server
 
-    run_server(model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, host=host, port=port,
-               api_key=api_key, max_queue=max_queue, max_batch=max_batch, max_seq_len=max_seq_len,
-               served_model_name=served_model_name, device=device)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len)
+    run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name)
 
 
 @app.command()

@@ -22,7 +22,7 @@ DEMO_SEED = 9001  # disjoint from the seeds the fixture recipe trains on
 
 
 def _decode(engine, prompts, max_tokens):
-    from specops.engine import SamplingParams
+    from specops.engine.sampling import SamplingParams
 
     engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
     t0 = time.perf_counter()
@@ -32,9 +32,9 @@ def _decode(engine, prompts, max_tokens):
 
 def run(out_dir: Path = Path("runs/demo"), num_queries: int = 32, gamma: int = 3, max_tokens: int = 256,
         max_batch: int = 8, console: Console | None = None) -> dict:
-    from specops.engine import Engine
+    from specops.engine.engine import Engine
     from specops.inputs import query_prompt_ids
-    from specops.task import metrics, synth
+    from specops.task import scoring, synth
 
     console = console or Console()
     target = FIXTURES / "target-merged"
@@ -51,7 +51,7 @@ def run(out_dir: Path = Path("runs/demo"), num_queries: int = 32, gamma: int = 3
         prompts = [query_prompt_ids(engine.tokenizer, ex.query) for ex in examples]
         with console.status(f"decoding: {label}"):
             outs, secs = _decode(engine, prompts, max_tokens)
-        report = metrics.score([o.text for o in outs], [ex.gold for ex in examples])
+        report = scoring.score([o.text for o in outs], [ex.gold for ex in examples])
         tokens = sum(len(o.token_ids) for o in outs)
         runs[label] = {"outs": outs, "seconds": secs, "tokens": tokens, "report": report,
                        "spec": engine.stats.to_dict() if d else None}

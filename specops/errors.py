@@ -9,8 +9,12 @@ class SpecopsError(Exception):
     """Bad input, a missing file, a model that does not fit: something the user can act on."""
 
 
-def clean_errors(fn):
-    """A CLI command whose user-fixable problems end with one line on stderr and exit code 2, no traceback."""
+def clean_errors(fn=None, *, interrupted: str = "interrupted"):
+    """A CLI command whose user-fixable problems end with one line on stderr and exit code 2, no traceback; Ctrl-C
+    prints ``interrupted`` (say how to resume, where the command can) and exits 130. Use as ``@clean_errors`` or
+    ``@clean_errors(interrupted="...")``."""
+    if fn is None:
+        return functools.partial(clean_errors, interrupted=interrupted)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -22,7 +26,7 @@ def clean_errors(fn):
             typer.secho(f"error: {e}", fg="red", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.secho("interrupted", fg="yellow", err=True)
+            typer.secho(interrupted, fg="yellow", err=True)
             raise typer.Exit(130) from None
 
     return wrapper

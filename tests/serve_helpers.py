@@ -18,8 +18,8 @@ FIXTURE = REPO / "fixtures" / "commerce-tiny"
 
 def train_tokenizer(out: Path) -> Path:
     """The fixture tokenizer recipe on a small corpus: byte-level BPE, chat template, ``<|eot|>`` as EOS."""
-    from specops.models import corpus
-    from specops.models import tokenizer as tok_lib
+    from specops.fixtures import corpus
+    from specops.fixtures import tokenizer as tok_lib
 
     tok_lib.save(tok_lib.train(corpus.documents(600, seed=0), 1024), out, 1024)
     return out

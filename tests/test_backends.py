@@ -13,8 +13,9 @@ import pytest
 
 from specops.backends import BackendConfig, start_backend
 from specops.backends import vllm as vllm_backend
-from specops.backends.metrics import SpecCounters, delta, metrics_url, parse_spec
 from specops.backends.process import ServerProcess
+from specops.backends.scrape import metrics_url, parse_spec
+from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 
 # The shape of vLLM 0.32's exposition: labels per engine and model, *_created samples, a per-position vector.
@@ -49,22 +50,22 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 
 def test_spec_counters_are_summed_over_label_sets():
     c = parse_spec(VLLM_TEXT)
-    assert c == SpecCounters(15, 45, 18, [11, 6, 1])
+    assert c == SpecStats(15, 45, 18, [11, 6, 1])
     assert c.acceptance_rate == pytest.approx(18 / 45)
     assert c.mean_acceptance_length == pytest.approx(1 + 18 / 15)
     assert c.per_position_rate() == pytest.approx([11 / 15, 6 / 15, 1 / 15])
 
 
 def test_absent_counters_read_as_zero_and_garbage_is_refused():
-    assert parse_spec("# TYPE x counter\nx_total 3\n") == SpecCounters()
+    assert parse_spec("# TYPE x counter\nx_total 3\n") == SpecStats()
     with pytest.raises(SpecopsError):
         parse_spec("this is { not prometheus")
 
 
 def test_delta_pads_positions():
-    before = SpecCounters(2, 6, 3, [2, 1])
-    after = SpecCounters(5, 15, 7, [4, 2, 1])
-    assert delta(after, before) == SpecCounters(3, 9, 4, [2, 1, 1])
+    before = SpecStats(2, 6, 3, [2, 1])
+    after = SpecStats(5, 15, 7, [4, 2, 1])
+    assert after.since(before) == SpecStats(3, 9, 4, [2, 1, 1])
 
 
 @pytest.mark.parametrize("url, expected", [
@@ -175,7 +176,7 @@ def test_vllm_adapter_mode_serves_the_adapter_under_the_model_name(tmp_path):
     (lora / "adapter_config.json").write_text(json.dumps({"r": 24}))
     py = tmp_path / "python"
     py.write_text("")
-    cfg = BackendConfig(kind="vllm", model=model, lora=lora, lora_mode="adapter", vllm_python=py)
+    cfg = BackendConfig(kind="vllm", model=model, lora=lora, lora_mode="unmerged", vllm_python=py)
     argv = vllm_backend.command(cfg, model, 1)
     assert "--enable-lora" in argv
     assert argv_value(argv, "--lora-modules") == f"{cfg.model_name}={lora}"

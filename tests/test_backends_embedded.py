@@ -11,12 +11,12 @@ import pytest
 import torch
 from serve_helpers import FIXTURE
 
-from specops.backends import BackendConfig, delta, start_backend
-from specops.backends.lora_merge import merge_lora
+from specops.backends import BackendConfig, start_backend
 from specops.errors import SpecopsError
+from specops.files import read_json
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig
-from specops.models.target import load_target, read_json
+from specops.models.target import load_target, save_merged
 
 MODEL = FIXTURE / "target-merged"
 PROMPTS = ["Wireless earbuds with", "我想買一雙", "Best laptop for", "A blue kettle"]
@@ -59,7 +59,7 @@ def test_embedded_backend_serves_speculatively_and_leaves_nothing_behind(random_
         assert server.model_name == "target-merged"
         counters_before = server.spec_counters()
         texts = greedy(server)
-        d = delta(server.spec_counters(), counters_before)
+        d = server.spec_counters().since(counters_before)
 
         # The same server as an external backend: found by URL (with or without /v1), model name discovered.
         for url in (server.base_url, server.base_url.removesuffix("/v1")):
@@ -102,7 +102,7 @@ def test_a_start_that_times_out_or_is_interrupted_leaves_no_process():
 
 def test_merged_lora_copy_holds_the_weights_the_engine_merges(tmp_path):
     base, lora = FIXTURE / "base", FIXTURE / "lora"
-    out = merge_lora(base, lora, tmp_path / "merged")
+    out = save_merged(base, lora, tmp_path / "merged")
     merged, _ = load_target(out, dtype=torch.float32)
     reference, _ = load_target(base, lora=lora, lora_mode="merged", dtype=torch.float32)
     plain_base, _ = load_target(base, dtype=torch.float32)

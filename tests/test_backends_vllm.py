@@ -15,10 +15,10 @@ import pytest
 from serve_helpers import FIXTURE
 from test_backends_embedded import children
 
-from specops.backends import BackendConfig, delta, start_backend
+from specops.backends import BackendConfig, start_backend
+from specops.files import read_json
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig
-from specops.models.target import read_json
 from specops.task.prompt import messages as task_messages
 from specops.task.schema import SCHEMA, validate
 
@@ -74,7 +74,7 @@ def test_vllm_backend_speculates_and_its_counters_are_scraped(random_draft):
                                             "json_schema": {"name": "commerce_search", "schema": SCHEMA}})
         assert r.choices[0].finish_reason == "stop"
         assert validate(json.loads(r.choices[0].message.content)) == []
-        d = delta(server.spec_counters(), before)
+        d = server.spec_counters().since(before)
     # vLLM drafts fewer than γ tokens when a request is within γ of its length limit, never more
     assert d.num_drafts > 0 and d.num_drafts <= d.num_draft_tokens <= GAMMA * d.num_drafts
     assert len(d.accepted_per_pos) == GAMMA and sum(d.accepted_per_pos) == d.num_accepted_tokens
@@ -98,9 +98,10 @@ def test_vllm_serves_lora_with_a_draft_through_a_merged_copy(random_draft):
 
 def test_vllm_metrics_acceptance_matches_specops_with_the_domain_draft():
     """vLLM's own /metrics acceptance rate for the trained draft agrees with specops' on the same prompts."""
-    from specops.engine import Engine, SamplingParams
+    from specops.engine.engine import Engine
+    from specops.engine.sampling import SamplingParams
+    from specops.fixtures.recipe import heldout_examples
     from specops.inputs import query_prompt_ids
-    from specops.models.fixtures import heldout_examples
 
     draft = FIXTURE / "draft-domain"
     queries = [e.query for e in heldout_examples(16)]
@@ -114,7 +115,7 @@ def test_vllm_metrics_acceptance_matches_specops_with_the_domain_draft():
         for q in queries:
             _client(server).chat.completions.create(model=server.model_name, messages=task_messages(q),
                                                     max_tokens=160, temperature=0)
-        d = delta(server.spec_counters(), before)
+        d = server.spec_counters().since(before)
     theirs = d.num_accepted_tokens / d.num_draft_tokens
     assert ours > 0.5, ours  # the trained draft, not a random one
     assert abs(ours - theirs) <= 0.10 * theirs, f"acceptance rate {ours:.3f} (specops) vs {theirs:.3f} (vLLM /metrics)"

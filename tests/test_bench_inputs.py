@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from specops.bench import params
 from specops.bench.cli import app
-from specops.bench.prompts import from_dataset, ordered
+from specops.bench.workload import from_dataset, ordered
 from specops.errors import SpecopsError
 
 
@@ -59,7 +59,7 @@ def test_dataset_without_usable_prompts(tmp_path):
     bad.write_text('{"id": 1}\nnot json\n{"query": "  "}\n{"query": "a", "prompt": "b"}\n\n', encoding="utf-8")
     r = sweep("--backend", "external", "--url", f"http://127.0.0.1:{free_port()}", "--gamma", "0",
               "--dataset", str(bad), "--out", str(tmp_path / "run"))
-    assert "no usable prompts (4 lines skipped" in one_error_line(r)
+    assert "no usable requests (4 lines skipped" in one_error_line(r)
     assert not (tmp_path / "run").exists()
 
 

@@ -18,10 +18,9 @@ from serve_helpers import FIXTURE
 from typer.testing import CliRunner
 
 from specops.bench.cli import app
-
+from specops.files import read_json
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig
-from specops.models.target import read_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +181,7 @@ def overlap(records) -> int:
 def test_load_generator_against_the_embedded_server(tiny):
     from specops.backends import BackendConfig, start_backend
     from specops.bench import loadgen
-    from specops.bench.prompts import from_dataset, ordered
+    from specops.bench.workload import from_dataset, ordered
 
     pool = from_dataset(tiny / "prompts.jsonl")
     with start_backend(BackendConfig(kind="embedded", model=tiny / "target", max_batch=4)) as server:

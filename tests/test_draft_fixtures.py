@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from specops.engine.engine import Engine
 from specops.engine.sampling import SamplingParams
+from specops.fixtures import recipe as fixtures
 from specops.inputs import query_prompt_ids
-from specops.models import fixtures
 from specops.models.eagle3 import Eagle3Draft
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "commerce-tiny"

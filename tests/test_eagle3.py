@@ -4,10 +4,11 @@ import json
 
 import pytest
 import torch
+from engine_helpers import make_target
 from safetensors import safe_open
 
-from engine_helpers import make_target
-from specops.engine import Engine, SamplingParams
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.target import load_target
@@ -59,13 +60,13 @@ def test_saved_layout_is_what_vllm_loads(target, tmp_path):
 
 def test_round_trip_is_bit_exact(target, tmp_path):
     _, _, model = target
-    draft = Eagle3Draft.random(model.config, draft_vocab_size=48, seed=5, aux_layer_ids=(1, 3, 6))
+    draft = Eagle3Draft.random(model.config, draft_vocab_size=48, seed=5, tap_layer_ids=(1, 3, 6))
     draft.save(tmp_path / "a")
     loaded = Eagle3Draft.load(tmp_path / "a", model)
     a, b = draft.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys()
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
-    assert loaded.aux_layers == (1, 3, 6)
+    assert loaded.tap_layers == (1, 3, 6)
     loaded.save(tmp_path / "b")
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
@@ -137,7 +138,7 @@ def reference_drafts(draft, hf, seq, gamma):
     append (own token, own pre-norm output), each recomputed from scratch."""
     with torch.no_grad():
         hs = hf(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
-        taps = torch.cat([hs[i] for i in draft.aux_layers], dim=-1)
+        taps = torch.cat([hs[i] for i in draft.tap_layers], dim=-1)
         tokens = torch.tensor([seq[1:]])
         hidden = draft.combine(taps)
         out = []

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from engine_helpers import bigram_draft, make_target
-from specops.engine import Engine, SamplingParams
+
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
 from specops.models.eagle3 import Eagle3Draft
 
 MAX_NEW = 24

@@ -5,10 +5,11 @@ import shutil
 
 import pytest
 import torch
+from engine_helpers import make_target, save_char_tokenizer
 from peft import LoraConfig, get_peft_model
 
-from engine_helpers import make_target, save_char_tokenizer
-from specops.engine import Engine, SamplingParams
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
 from specops.errors import SpecopsError
 from specops.models.llama import fuse_projections
 from specops.models.target import load_target

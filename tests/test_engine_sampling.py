@@ -10,10 +10,11 @@ reproducible rather than flaky.
 import numpy as np
 import pytest
 import torch
+from engine_helpers import bigram_draft, make_target
 from scipy.stats import chisquare
 
-from engine_helpers import bigram_draft, make_target
-from specops.engine import Engine, SamplingParams
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
 from specops.models.eagle3 import Eagle3Draft
 
 ALPHA = 1e-3

@@ -1,9 +1,10 @@
 """Stop conditions, streaming step API, abort, and request validation."""
 
 import pytest
-
 from engine_helpers import bigram_draft, make_target
-from specops.engine import Engine, SamplingParams
+
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
 from specops.errors import SpecopsError
 
 PROMPTS = [[20, 7, 3, 30], [5, 9, 13, 40, 41, 42, 11], [8, 8]]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specops.models import fixtures
-from specops.task import metrics, prompt
+from specops.fixtures import recipe as fixtures
+from specops.fixtures.build import build as build_fixtures
+from specops.task import prompt, scoring
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "commerce-tiny"
 HELDOUT = 100
@@ -57,7 +58,7 @@ def test_special_ids_and_chat_template(tok):
 def test_target_does_the_task(tok, heldout):
     model = fixtures.load_model(ROOT / "target-merged")
     texts = fixtures.greedy_answers(model, tok, [e.query for e in heldout], max_new_tokens=fixtures.FULL.max_new_tokens)
-    report = metrics.score(texts, [e.gold for e in heldout])
+    report = scoring.score(texts, [e.gold for e in heldout])
     assert report.valid_rate >= 0.95, report
     assert report.field_accuracy >= 0.80, report
 
@@ -66,7 +67,7 @@ def test_base_is_not_the_task_model(tok, heldout):
     sample = heldout[:30]
     model = fixtures.load_model(ROOT / "base")
     texts = fixtures.greedy_answers(model, tok, [e.query for e in sample], max_new_tokens=fixtures.FULL.max_new_tokens)
-    report = metrics.score(texts, [e.gold for e in sample])
+    report = scoring.score(texts, [e.gold for e in sample])
     assert report.valid_rate <= 0.2, report
 
 
@@ -90,7 +91,7 @@ def quick_builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("quick")
     dirs = [root / "a", root / "b"]
     for d in dirs:
-        fixtures.build(d, quick=True)
+        build_fixtures(d, quick=True)
     return dirs
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 from engine_helpers import CHARS, bigram_draft, make_target
 
-from specops.engine import Engine, SamplingParams
+from specops.engine.engine import Engine
 from specops.engine.grammar import Grammars
+from specops.engine.sampling import SamplingParams
 
 # Bounded: enums and a boolean, and the tokenizer has no whitespace, so every output must end within ~30 tokens.
 SCHEMA = {"type": "object", "properties": {"a": {"enum": ["yes", "no", "maybe"]}, "b": {"type": "boolean"}},

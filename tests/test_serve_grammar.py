@@ -11,7 +11,8 @@ from jsonschema import Draft202012Validator
 from serve_helpers import train_tokenizer
 from transformers import AutoTokenizer
 
-from specops.engine.grammar import Constraint, GrammarError, Grammars, mask_logits_, unpack_bitmask
+from specops.engine.grammar import Constraint, GrammarError, Grammars, unpack_bitmask
+from specops.engine.sampling import mask_logits_
 from specops.task.schema import SCHEMA
 
 VOCAB = 1030  # model vocabulary a little larger than the tokenizer's, as padded lm_heads are

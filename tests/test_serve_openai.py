@@ -11,7 +11,7 @@ import pytest
 from serve_helpers import FIXTURE, free_port, start_server, stop_server
 from transformers import AutoTokenizer
 
-from specops.backends import scrape_spec
+from specops.backends.scrape import scrape_spec
 from specops.inputs import chat_prompt_ids, text_prompt_ids
 from specops.task.prompt import messages as task_messages
 from specops.task.schema import SCHEMA, validate

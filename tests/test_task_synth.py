@@ -131,8 +131,8 @@ def test_bad_languages_are_refused():
 def test_jsonl_round_trip(tmp_path):
     examples = synth.generate(50, seed=3)
     path = tmp_path / "sub" / "data.jsonl"
-    synth.write_jsonl(examples, path)
-    assert synth.read_jsonl(path) == examples
+    synth.write_examples(examples, path)
+    assert synth.read_examples(path) == examples
     assert any(e.lang == "zh-TW" for e in examples) and "\\u" not in path.read_text(encoding="utf-8")
     assert examples[0].to_json() == {"id": examples[0].id, "lang": examples[0].lang, "query": examples[0].query,
                                      "gold": examples[0].gold}
@@ -140,9 +140,9 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_read_jsonl_names_the_bad_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    synth.write_jsonl(synth.generate(2), path)
+    synth.write_examples(synth.generate(2), path)
     path.write_text(path.read_text(encoding="utf-8") + '{"id": 1}\n', encoding="utf-8")
     with pytest.raises(SpecopsError, match=r"bad\.jsonl:3"):
-        synth.read_jsonl(path)
+        synth.read_examples(path)
     with pytest.raises(SpecopsError, match="cannot read"):
-        synth.read_jsonl(tmp_path / "missing.jsonl")
+        synth.read_examples(tmp_path / "missing.jsonl")

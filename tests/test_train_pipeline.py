@@ -12,18 +12,22 @@ import torch
 from typer.testing import CliRunner
 
 from specops.errors import SpecopsError
+from specops.fixtures.drafts import general_records
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig
 from specops.models.target import load_target
-from specops.training import data, pipeline, prompts
+from specops.training import data, pipeline
 from specops.training.cli import app
 from specops.training.train import TrainConfig
 
 
 def make_target(out: Path, layers: int = 8, hidden: int = 32, seed: int = 0) -> Path:
-    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+    from transformers import LlamaConfig as HFConfig
+    from transformers import LlamaForCausalLM
 
-    from specops.models import corpus, fixtures, tokenizer as tok_lib
+    from specops.fixtures import corpus
+    from specops.fixtures import recipe as fixtures
+    from specops.fixtures import tokenizer as tok_lib
 
     tok = tok_lib.train(corpus.documents(300, seed=0), 400)
     cfg = HFConfig(vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
@@ -54,7 +58,7 @@ def target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    lines = [json.dumps(r, ensure_ascii=False) for r in prompts.general_records(40, seed=5)]
+    lines = [json.dumps(r, ensure_ascii=False) for r in general_records(40, seed=5)]
     path.write_text("\n".join(lines + ["not json", '{"other": 1}']) + "\n", encoding="utf-8")
     return path
 
@@ -144,7 +148,7 @@ def test_target_without_the_tapped_layers(tmp_path, prompts_file):
 def test_prompts_file_without_usable_lines(target, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json\n{"neither": "key"}\n["a list"]\n{"query": ""}\n\n', encoding="utf-8")
-    with pytest.raises(SpecopsError, match=r"no usable prompt lines \(4 skipped\)"):
+    with pytest.raises(SpecopsError, match=r"no usable requests \(4 lines skipped"):
         pipeline.run(job(target, tmp_path / "d", pipeline.Source("file", str(bad))))
 
 
@@ -170,7 +174,7 @@ def test_full_disk_while_caching(tmp_path):
     path = cache.path("features", 0, ".safetensors")
     os.symlink("/dev/full", path.with_name(path.name + ".tmp"))  # the kernel answers ENOSPC to every write
     with pytest.raises(SpecopsError, match="disk full while caching training data"):
-        cache.write_tensors(path, {"aux": torch.zeros(4096, 8)})
+        cache.write_tensors(path, {"taps": torch.zeros(4096, 8)})
     assert not path.exists()
 
 

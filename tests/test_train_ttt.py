@@ -33,23 +33,23 @@ def setup():
             if not name.endswith("norm.weight"):
                 p.mul_(20)
     tokens = torch.randint(0, 97, (2, 14))
-    feats = forward_features(target, tokens.tolist(), draft.aux_layers, "cpu")
-    aux = torch.stack([f.aux for f in feats])
-    return target, draft, tokens, aux
+    feats = forward_features(target, tokens.tolist(), draft.tap_layers, "cpu")
+    taps = torch.stack([f.taps for f in feats])
+    return target, draft, tokens, taps
 
 
 def test_unroll_matches_the_serving_chain(setup):
     """Step k at index n equals what the draft computes when serving: prefill 0..n, then k chained steps."""
-    _, draft, tokens, aux = setup
+    _, draft, tokens, taps = setup
     steps = 3
     with torch.no_grad():
-        logits = ttt.unroll(draft, tokens, aux, steps)
+        logits = ttt.unroll(draft, tokens, taps, steps)
     draft_ids = torch.arange(draft.draft_vocab_size) + draft.d2t
     t = tokens.shape[1]
     for n in (0, 4, t - steps - 1):
         cache, slots = draft.new_cache(2, 32), torch.arange(2)
         with torch.no_grad():
-            served, pre = draft(tokens[:, 1 : n + 2], draft.combine(aux[:, : n + 1]),
+            served, pre = draft(tokens[:, 1 : n + 2], draft.combine(taps[:, : n + 1]),
                                 torch.arange(n + 1).expand(2, -1), cache, slots)
             torch.testing.assert_close(served[:, -1, draft_ids], logits[0][:, n], atol=1e-4, rtol=1e-4)
             hidden = pre[:, -1:]

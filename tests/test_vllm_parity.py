@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from specops.engine import Engine, SamplingParams, SpecStats
+from specops.engine.engine import Engine
+from specops.engine.sampling import SamplingParams
+from specops.engine.stats import SpecStats
+from specops.files import read_json
 from specops.inputs import query_prompt_ids
-from specops.interop.vllm import VllmRequest, run_vllm
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig
-from specops.models.target import read_json
+from specops.peers.vllm.offline import VllmRequest, run_vllm
 from specops.task import synth
 
 REPO = Path(__file__).resolve().parents[1]

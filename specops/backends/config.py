@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
+from specops.engine.config import LORA_MODES, EngineConfig
 from specops.errors import SpecopsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("embedded", "vllm", "external")
 
 
 def default_vllm_python() -> Path:
@@ -21,11 +21,11 @@ def default_vllm_python() -> Path:
 
 @dataclass
 class BackendConfig:
-    """``lora_mode``: "merge" folds the adapter into the weights (vLLM: a merged temporary copy, since LoRA with
-    EAGLE-3 crashes its CPU build; embedded: merged at load); "adapter" serves it unmerged (vLLM
-    ``--enable-lora``; embedded: unmerged forward)."""
+    """``kind``: a name in ``specops.backends.BACKENDS``. ``lora_mode``: "merged" folds the adapter into the weights
+    (vLLM: a merged temporary copy, since LoRA with EAGLE-3 crashes its CPU build; embedded: merged at load);
+    "unmerged" serves it as an adapter (vLLM ``--enable-lora``; embedded: unmerged forward)."""
 
-    kind: Literal["embedded", "vllm", "external"] = "embedded"
+    kind: str = "embedded"
     model: Optional[Path] = None
     lora: Optional[Path] = None
     draft: Optional[Path] = None
@@ -34,18 +34,17 @@ class BackendConfig:
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
     vllm_args: list[str] = field(default_factory=list)
-    lora_mode: Literal["merge", "adapter"] = "merge"
+    lora_mode: str = "merged"
     startup_timeout_s: float = 300.0
     served_model_name: Optional[str] = None
     max_seq_len: int = 1024
     max_batch: int = 16
+    device: str = "cpu"
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None: a free port
     stop_grace_s: float = 20.0
 
     def validate(self) -> None:
-        if self.kind not in KINDS:
-            raise SpecopsError(f"backend must be one of {', '.join(KINDS)}, not {self.kind!r}")
         if self.kind == "external":
             if not self.url:
                 raise SpecopsError("the external backend needs a URL")
@@ -56,10 +55,16 @@ class BackendConfig:
             p = getattr(self, name)
             if p is not None and not Path(p).is_dir():
                 raise SpecopsError(f"{name} directory not found: {p}")
-        if self.lora_mode not in ("merge", "adapter"):
-            raise SpecopsError(f"lora_mode must be 'merge' or 'adapter', not {self.lora_mode!r}")
+        if self.lora_mode not in LORA_MODES:
+            raise SpecopsError(f"lora_mode must be one of {', '.join(LORA_MODES)}, not {self.lora_mode!r}")
         if self.draft is not None and self.gamma < 1:
             raise SpecopsError("gamma must be at least 1 when a draft is given")
+
+    def engine_config(self) -> EngineConfig:
+        """The embedded engine's settings for this config."""
+        return EngineConfig(model=Path(self.model), lora=self.lora, lora_mode=self.lora_mode, draft=self.draft,
+                            gamma=self.gamma, device=self.device, max_batch=self.max_batch,
+                            max_seq_len=self.max_seq_len)
 
     @property
     def model_name(self) -> str:

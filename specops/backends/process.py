@@ -21,7 +21,6 @@ import httpx
 
 from specops.errors import SpecopsError
 
-
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 

@@ -11,10 +11,10 @@ import json
 import tempfile
 from pathlib import Path
 
+from specops.backends.base import Backend, launch
 from specops.backends.config import BackendConfig, default_vllm_python
-from specops.backends.lora_merge import merge_lora
 from specops.errors import SpecopsError
-from specops.models.target import read_json
+from specops.files import read_json
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM accepts for --max-lora-rank
 
@@ -32,10 +32,12 @@ def vllm_python(cfg: BackendConfig) -> Path:
 
 def prepare_model(cfg: BackendConfig) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """The directory vLLM loads: the model itself, or a temporary merged copy (removed with the backend)."""
-    if cfg.lora is None or cfg.lora_mode == "adapter":
+    from specops.models.target import save_merged
+
+    if cfg.lora is None or cfg.lora_mode == "unmerged":
         return Path(cfg.model), None
     tmp = tempfile.TemporaryDirectory(prefix="specops-merged-")
-    return merge_lora(Path(cfg.model), Path(cfg.lora), Path(tmp.name) / "model"), tmp
+    return save_merged(Path(cfg.model), Path(cfg.lora), Path(tmp.name) / "model"), tmp
 
 
 def command(cfg: BackendConfig, model_dir: Path, port: int) -> list[str]:
@@ -45,7 +47,7 @@ def command(cfg: BackendConfig, model_dir: Path, port: int) -> list[str]:
     extra = list(cfg.vllm_args)
     if not _has_flag(extra, "--gpu-memory-utilization"):
         argv += ["--gpu-memory-utilization", "0.3"]  # on the CPU build this sizes the KV cache in host memory
-    if cfg.lora is not None and cfg.lora_mode == "adapter":
+    if cfg.lora is not None and cfg.lora_mode == "unmerged":
         argv += ["--enable-lora", "--lora-modules", f"{cfg.model_name}={cfg.lora}"]
         if not _has_flag(extra, "--max-lora-rank"):
             rank = int(read_json(Path(cfg.lora) / "adapter_config.json").get("r", 8))
@@ -59,3 +61,8 @@ def command(cfg: BackendConfig, model_dir: Path, port: int) -> list[str]:
     if cfg.api_key:
         argv += ["--api-key", cfg.api_key]
     return argv + extra
+
+
+def start(cfg: BackendConfig) -> Backend:
+    model_dir, tmp = prepare_model(cfg)
+    return launch(cfg, lambda port: command(cfg, model_dir, port), tmp)

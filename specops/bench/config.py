@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from specops.bench.prompts import dataset_digest
+from specops.backends import KINDS
 from specops.bench.store import Point
+from specops.bench.workload import dataset_digest
 from specops.errors import SpecopsError
 
 DEFAULT_GAMMAS = [0, 1, 3, 5]
@@ -54,8 +55,8 @@ class SweepConfig:
 
     def validate(self) -> None:
         """Refuse a sweep that cannot run, before a server is started or a request sent."""
-        if self.backend not in ("embedded", "vllm", "external"):
-            raise SpecopsError(f"--backend must be embedded, vllm or external, not {self.backend!r}")
+        if self.backend not in KINDS:
+            raise SpecopsError(f"--backend must be one of {', '.join(KINDS)}, not {self.backend!r}")
         if not self.gammas or not self.concurrencies or not self.temperatures:
             raise SpecopsError("the grid is empty: give at least one --gamma, --concurrency and --temperature value")
         if min(self.gammas) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:

@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import httpx
 import numpy as np
 
-from specops.bench.prompts import Prompt
 from specops.bench.record import RequestRecord
+from specops.bench.workload import Prompt
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from specops.bench.metrics import SLO_METRICS
+from specops.bench.latency import SLO_METRICS
 from specops.errors import SpecopsError
 
 _SLO_ALIASES = {"e2el": "e2e"}

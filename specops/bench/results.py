@@ -13,22 +13,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
-from specops.backends.metrics import SpecCounters
-from specops.bench.metrics import PERCENTILE_METHOD, SPEEDUP_CI_METHOD, distribution, ratio_ci, summarize, tpot_s
+from specops.bench.latency import PERCENTILE_METHOD, SPEEDUP_CI_METHOD, distribution, ratio_ci, summarize, tpot_s
 from specops.bench.store import StoredConfig
+from specops.engine.stats import SpecStats
 
 RATES = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment")
 DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
 def acceptance(spec: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """vLLM's formulas: rate = accepted/draft tokens, mean length = 1 + accepted/drafts, per position /drafts."""
-    if spec is None:
-        return None
-    c = SpecCounters(spec["num_drafts"], spec["num_draft_tokens"], spec["num_accepted_tokens"],
-                     list(spec["accepted_per_pos"]))
-    return {**spec, "acceptance_rate": c.acceptance_rate, "mean_acceptance_length": c.mean_acceptance_length,
-            "per_position_rate": c.per_position_rate()}
+    """The stored counters with vLLM's rates: accepted/draft tokens, 1 + accepted/drafts, per position /drafts."""
+    return None if spec is None else SpecStats.from_dict(spec).to_dict(per_position=True)
 
 
 def run_row(cfg: StoredConfig, slo_s: dict[str, float]) -> dict[str, Any]:
@@ -40,11 +35,10 @@ def run_row(cfg: StoredConfig, slo_s: dict[str, float]) -> dict[str, Any]:
 def _sum_spec(specs: list[Optional[dict]]) -> Optional[dict]:
     if not specs or any(s is None for s in specs):
         return None
-    n = max(len(s["accepted_per_pos"]) for s in specs)
-    return {"num_drafts": sum(s["num_drafts"] for s in specs),
-            "num_draft_tokens": sum(s["num_draft_tokens"] for s in specs),
-            "num_accepted_tokens": sum(s["num_accepted_tokens"] for s in specs),
-            "accepted_per_pos": [sum((s["accepted_per_pos"] + [0] * n)[i] for s in specs) for i in range(n)]}
+    total = SpecStats()
+    for s in specs:
+        total.merge(SpecStats.from_dict(s))
+    return total.counters()
 
 
 def _ci(value: tuple) -> Optional[dict[str, Optional[float]]]:

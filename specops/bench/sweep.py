@@ -16,8 +16,8 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specops.backends import delta, scrape_spec
-from specops.bench import loadgen, prompts as prompt_lib
+from specops.backends.scrape import scrape_spec
+from specops.bench import loadgen, workload
 from specops.bench.config import SweepConfig
 from specops.bench.recommend import recommend
 from specops.bench.results import export
@@ -27,10 +27,10 @@ from specops.bench.table import print_recommendation, print_summary
 from specops.errors import SpecopsError
 
 
-def load_prompts(cfg: SweepConfig) -> list[prompt_lib.Prompt]:
+def load_prompts(cfg: SweepConfig) -> list[workload.Prompt]:
     if cfg.dataset is not None:
-        return prompt_lib.from_dataset(Path(cfg.dataset))
-    return prompt_lib.synthetic(cfg.synthetic, cfg.seed)
+        return workload.from_dataset(Path(cfg.dataset))
+    return workload.synthetic(cfg.synthetic, cfg.seed)
 
 
 def _spec(server, required: bool):
@@ -42,17 +42,17 @@ def _spec(server, required: bool):
         return None  # an external server without /metrics: no acceptance figures
 
 
-def measure(server, cfg: SweepConfig, point: Point, pool: list[prompt_lib.Prompt], on_progress=None) -> StoredConfig:
+def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt], on_progress=None) -> StoredConfig:
     """Run one configuration against a running server."""
     spec = loadgen.LoadSpec(base_url=server.base_url, model=server.model_name, concurrency=point.concurrency,
                             temperature=point.temperature, max_tokens=cfg.max_tokens, rate=cfg.rate, seed=cfg.seed,
                             api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos,
                             timeout_s=cfg.request_timeout_s)
     if cfg.warmup:
-        warm = loadgen.run(prompt_lib.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
+        warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
         if not any(r.ok for r in warm.records):
             raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
-    timed = prompt_lib.ordered(pool, cfg.num_prompts, cfg.seed)
+    timed = workload.ordered(pool, cfg.num_prompts, cfg.seed)
     counts = point.gamma > 0 or cfg.backend == "external"
     before = _spec(server, cfg.backend != "external") if counts else None
     result = loadgen.run(timed, spec, on_progress)
@@ -61,9 +61,7 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[prompt_lib.Prompt
         raise SpecopsError(f"every request failed at {_label(point)}: {result.records[0].error}")
     counters = None
     if after is not None and (point.gamma > 0 or after.num_drafts > 0):
-        d = delta(after, before)
-        counters = {"num_drafts": d.num_drafts, "num_draft_tokens": d.num_draft_tokens,
-                    "num_accepted_tokens": d.num_accepted_tokens, "accepted_per_pos": list(d.accepted_per_pos)}
+        counters = after.since(before).counters()
     return StoredConfig(point, result.duration_s, counters, result.records)
 
 
@@ -96,7 +94,7 @@ def run_sweep(cfg: SweepConfig, console: Optional[Console] = None, tables: Optio
     return out
 
 
-def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[prompt_lib.Prompt], console: Console) -> None:
+def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prompt], console: Console) -> None:
     if stop_stale(Path(cfg.out)):
         console.print("stopped a server left running by an interrupted sweep of this run")
     points = cfg.points()

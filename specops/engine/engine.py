@@ -10,7 +10,6 @@ cache, the cache length, and the pending drafts with the distributions they were
 from __future__ import annotations
 
 import itertools
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specops.engine.config import EngineConfig
 from specops.engine.proposer import Eagle3Proposer
-from specops.engine.sampling import SamplingParams, logits_to_probs, sample_from
+from specops.engine.sampling import SamplingParams, logits_to_probs, mask_logits_, sample_from
 from specops.engine.stats import SpecStats
 from specops.engine.verify import verify
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaForCausalLM, Rotary, fuse_projections
-from specops.models.target import load_target, load_tokenizer
+from specops.models.target import eos_token_ids, load_target, load_tokenizer
 
 if TYPE_CHECKING:
     from specops.engine.grammar import Constraint
@@ -99,7 +99,7 @@ class Engine:
             if m is not None and m.rotary.cos.shape[0] < capacity:
                 m.rotary = Rotary(m.config if m is model else m.cfg, capacity).to(self.device)
         self.cache = model.new_cache(max_batch, capacity)
-        self.aux_layers = self.draft.aux_layers if self.draft is not None else ()
+        self.tap_layers = self.draft.tap_layers if self.draft is not None else ()
         self.proposer = Eagle3Proposer(self.draft, self.gamma, max_batch, capacity) if self.draft is not None else None
         s, g = max_batch, self.gamma
         self.last_token = torch.zeros(s, dtype=torch.long, device=self.device)
@@ -114,33 +114,27 @@ class Engine:
         self._ids = itertools.count()
 
     @classmethod
-    def load(
-        cls,
-        model_dir: str | Path,
-        lora: str | Path | None = None,
-        lora_mode: str = "merged",
-        draft: str | Path | Eagle3Draft | None = None,
-        gamma: int = 3,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_batch: int = 16,
-        max_seq_len: int = 1024,
-    ) -> "Engine":
-        capacity = max_seq_len + 2 * gamma + 2
-        model, _ = load_target(model_dir, lora=lora, lora_mode=lora_mode, device=device, dtype=dtype, max_len=capacity)
-        tokenizer = load_tokenizer(model_dir, model.config.vocab_size)
-        if draft is not None and not isinstance(draft, Eagle3Draft):
-            draft = fuse_projections(Eagle3Draft.load(draft, model, max_len=capacity))
+    def from_config(cls, cfg: EngineConfig, draft_model: Eagle3Draft | None = None) -> "Engine":
+        """Load what ``cfg`` names; ``draft_model`` (an EAGLE-3 draft already built) stands in for ``cfg.draft``."""
+        cfg.validate()
+        gamma = cfg.gamma if (cfg.draft is not None or draft_model is not None) else 0
+        capacity = cfg.max_seq_len + 2 * gamma + 2
+        model, _ = load_target(cfg.model, lora=cfg.lora, lora_mode=cfg.lora_mode, device=cfg.device,
+                               dtype=cfg.torch_dtype, max_len=capacity)
+        tokenizer = load_tokenizer(cfg.model, model.config.vocab_size)
+        draft = draft_model
+        if draft is None and cfg.draft is not None and gamma:
+            draft = fuse_projections(Eagle3Draft.load(cfg.draft, model, max_len=capacity))
         fuse_projections(model)
-        return cls(
-            model,
-            tokenizer,
-            draft=draft,
-            gamma=gamma,
-            max_batch=max_batch,
-            max_seq_len=max_seq_len,
-            eos_token_ids=eos_ids(Path(model_dir), model, tokenizer),
-        )
+        return cls(model, tokenizer, draft=draft, gamma=gamma, max_batch=cfg.max_batch, max_seq_len=cfg.max_seq_len,
+                   eos_token_ids=eos_token_ids(cfg.model, model, tokenizer))
+
+    @classmethod
+    def load(cls, model_dir: str | Path, draft: str | Path | Eagle3Draft | None = None, **settings) -> "Engine":
+        """``from_config`` with the settings as keywords (see EngineConfig); ``draft`` may be a built draft."""
+        if isinstance(draft, Eagle3Draft):
+            return cls.from_config(EngineConfig(Path(model_dir), **settings), draft_model=draft)
+        return cls.from_config(EngineConfig(Path(model_dir), draft=None if draft is None else Path(draft), **settings))
 
     # -- request lifecycle --------------------------------------------------------------------------------------
 
@@ -240,7 +234,7 @@ class Engine:
             tokens[i, : len(r.prompt)] = torch.tensor(r.prompt, device=dev)
         positions = torch.arange(t, device=dev).expand(b, t)
         slots = torch.tensor([r.slot for r in reqs], device=dev)
-        logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers, logits_at=lens - 1)
+        logits, taps = self.model(tokens, positions, self.cache, slots, self.tap_layers, logits_at=lens - 1)
         rows = torch.arange(b, device=dev)
         temperature, top_k, top_p = self._params(reqs)
         greedy_only = all(r.params.greedy for r in reqs)
@@ -248,7 +242,7 @@ class Engine:
         last = logits[:, 0]
         for i, r in enumerate(reqs):
             if r.constraint is not None:
-                _mask_(last[i], r.constraint.mask())
+                mask_logits_(last[i], r.constraint.mask())
         if greedy_only:
             first = last.argmax(dim=-1)
         else:
@@ -272,10 +266,10 @@ class Engine:
         drafts = self.drafts[slots]
         tokens = torch.cat([self.last_token[slots].unsqueeze(1), drafts], dim=1)
         positions = self.ctx_len[slots].unsqueeze(1) + torch.arange(g + 1, device=dev)
-        logits, taps = self.model(tokens, positions, self.cache, slots, self.aux_layers)
+        logits, taps = self.model(tokens, positions, self.cache, slots, self.tap_layers)
         for i, r in enumerate(reqs):
             if r.constraint is not None:  # before verification: lossless w.r.t. the constrained distribution
-                _mask_(logits[i], r.constraint.verification_masks(drafts[i].tolist()))
+                mask_logits_(logits[i], r.constraint.verification_masks(drafts[i].tolist()))
         temperature, top_k, top_p = self._params(reqs)
         if all(r.params.greedy for r in reqs):  # no distributions or random draws needed
             n, out = verify(logits, None, drafts, None, temperature == 0, None, None)
@@ -352,24 +346,8 @@ class Engine:
         req.slot = -1
 
 
-def _mask_(logits: torch.Tensor, allowed: torch.Tensor) -> None:
-    logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
-
-
 def _guides(reqs: list[_Request], pending: list[list[int]]) -> list | None:
     """Per-row grammar cursors for the draft chain (after the tokens emitted this step), or None if unconstrained."""
     if all(r.constraint is None for r in reqs):
         return None
     return [r.constraint.drafting(p) if r.constraint is not None else None for r, p in zip(reqs, pending)]
-
-
-def eos_ids(model_dir: Path, model: LlamaForCausalLM, tokenizer) -> list[int]:
-    """EOS ids as vLLM gathers them: the model config's, generation_config.json's, and the tokenizer's."""
-    ids = set(model.config.eos_token_id)
-    gen = model_dir / "generation_config.json"
-    if gen.is_file():
-        e = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-        ids |= {e} if isinstance(e, int) else set(e or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)

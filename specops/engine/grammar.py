@@ -193,7 +193,3 @@ class Cursor:
         self.steps += 1
         return True
 
-
-def mask_logits_(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Set disallowed logits to -inf in place; ``allowed`` broadcasts over ``logits`` ([..., V] bool)."""
-    return logits.masked_fill_(~allowed, float("-inf"))

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 
 import torch
 
-from specops.engine.sampling import logits_to_probs, sample_from
+from specops.engine.sampling import logits_to_probs, mask_logits_, sample_from
 from specops.models.eagle3 import Eagle3Draft
 
 
@@ -51,7 +51,7 @@ class Eagle3Proposer:
             for k in range(self.gamma):
                 for i, cur in enumerate(cursors):
                     if cur is not None:
-                        _mask_draft_row(logits[i], cur.mask())
+                        mask_logits_(logits[i], cur.mask(), keep_unsatisfiable=True)
                 if not full:
                     d = self.draft.to_target(logits.argmax(dim=-1))
                 elif u is None:
@@ -70,10 +70,3 @@ class Eagle3Proposer:
                     logits = logits[:, 0]
         return torch.stack(out_tokens, dim=1), (torch.stack(out_probs, dim=1) if out_probs else None)
 
-
-def _mask_draft_row(logits: torch.Tensor, allowed: torch.Tensor) -> None:
-    """Restrict one row's proposal to grammar-allowed tokens, unless the draft vocabulary has none of them (then
-    the proposal stays free and verification rejects it: any q keeps verification lossless)."""
-    masked = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
-    if torch.isfinite(masked).any():
-        logits.copy_(masked)

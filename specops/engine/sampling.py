@@ -107,3 +107,16 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     last = ((probs > 0) * torch.arange(probs.shape[-1], device=probs.device)).argmax(dim=-1, keepdim=True)
     idx = torch.where(probs.gather(-1, idx) > 0, idx, last)
     return idx.squeeze(-1)
+
+
+def mask_logits_(logits: torch.Tensor, allowed: torch.Tensor, keep_unsatisfiable: bool = False) -> torch.Tensor:
+    """Set disallowed logits to -inf in place; ``allowed`` ([..., V] bool) broadcasts over ``logits``.
+
+    ``keep_unsatisfiable``: a row none of whose allowed tokens has a finite logit is left as it was. Drafts use it:
+    when the draft vocabulary holds no allowed token the proposal stays free and verification rejects it (any
+    draft distribution keeps verification lossless), rather than a row of -inf that cannot be sampled."""
+    allowed = allowed.to(logits.device)
+    if not keep_unsatisfiable:
+        return logits.masked_fill_(~allowed, float("-inf"))
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    return logits.copy_(torch.where(torch.isfinite(masked).any(dim=-1, keepdim=True), masked, logits))

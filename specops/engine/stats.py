@@ -1,4 +1,5 @@
-"""Speculative-decoding counters with vLLM's definitions, per request and in total.
+"""Speculative-decoding counters with vLLM's definitions: the one type for the engine's per-request and total
+counts, for counters scraped from any server's /metrics, and for the acceptance figures of a benchmark.
 
 A draft is one proposal of γ tokens for one request; accepted tokens are counted before stop conditions cut the
 output, as vLLM's scheduler does. acceptance rate = accepted / draft tokens; mean acceptance length =
@@ -8,6 +9,7 @@ output, as vLLM's scheduler does. acceptance rate = accepted / draft tokens; mea
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -29,16 +31,31 @@ class SpecStats:
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
 
-    def merge(self, other: "SpecStats") -> None:
-        self.num_drafts += other.num_drafts
-        self.num_draft_tokens += other.num_draft_tokens
-        self.num_accepted_tokens += other.num_accepted_tokens
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpecStats":
+        """From the four counters (extra keys, such as the derived rates of ``to_dict``, are ignored)."""
+        return cls(int(d["num_drafts"]), int(d["num_draft_tokens"]), int(d["num_accepted_tokens"]),
+                   [int(x) for x in d["accepted_per_pos"]])
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        """Add ``other``'s counts to these; returns self."""
+        self._combine(other, 1)
+        return self
+
+    def since(self, before: "SpecStats") -> "SpecStats":
+        """Counts accumulated between an earlier snapshot ``before`` of cumulative counters and this one."""
+        return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                         list(self.accepted_per_pos))._combine(before, -1)
+
+    def _combine(self, other: "SpecStats", sign: int) -> "SpecStats":
+        self.num_drafts += sign * other.num_drafts
+        self.num_draft_tokens += sign * other.num_draft_tokens
+        self.num_accepted_tokens += sign * other.num_accepted_tokens
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        self.accepted_per_pos = [
-            (self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
-            + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
-            for i in range(n)
-        ]
+        mine = self.accepted_per_pos + [0] * (n - len(self.accepted_per_pos))
+        theirs = other.accepted_per_pos + [0] * (n - len(other.accepted_per_pos))
+        self.accepted_per_pos = [a + sign * b for a, b in zip(mine, theirs)]
+        return self
 
     @property
     def acceptance_rate(self) -> float:
@@ -51,8 +68,15 @@ class SpecStats:
     def per_position_rate(self) -> list[float]:
         return [a / self.num_drafts for a in self.accepted_per_pos] if self.num_drafts else []
 
-    def to_dict(self) -> dict:
+    def counters(self) -> dict[str, Any]:
+        """The four counters alone (what a run store keeps; the rates follow from them)."""
+        return asdict(self)
+
+    def to_dict(self, per_position: bool = False) -> dict[str, Any]:
+        """The counters with the acceptance rate and mean acceptance length (and the per-position rates)."""
         d = asdict(self)
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_acceptance_length"] = self.mean_acceptance_length
+        if per_position:
+            d["per_position_rate"] = self.per_position_rate()
         return d

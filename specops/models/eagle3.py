@@ -19,19 +19,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from specops.engine.kv_cache import KVCache
 from specops.errors import SpecopsError
+from specops.files import load_safetensors_dir, read_json, save_safetensors
+from specops.models.kv_cache import KVCache
 from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary, StepMeta
-from specops.models.target import load_safetensors_dir, read_json, save_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def aux_layer_ids(draft_config: dict[str, Any], target_config: LlamaConfig) -> tuple[int, ...]:
+def tap_layer_ids(draft_config: dict[str, Any], target_config: LlamaConfig) -> tuple[int, ...]:
     """Target layers the draft reads: ``eagle_config.eagle_aux_hidden_state_layer_ids`` (or the top-level key
     newer vLLM reads), else vLLM's default (2, N//2, N−3). Returned sorted: vLLM concatenates taps in layer order."""
     ids = (draft_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    ids = ids or draft_config.get("eagle_aux_hidden_state_layer_ids") or target_config.default_aux_layers()
+    ids = ids or draft_config.get("eagle_aux_hidden_state_layer_ids") or target_config.default_tap_layers()
     n = target_config.num_hidden_layers
     if len(set(ids)) != 3 or not all(0 <= i < n for i in ids):
         raise SpecopsError(
@@ -77,7 +77,7 @@ class Eagle3Draft(nn.Module):
             raise SpecopsError(f"draft vocab_size {cfg.vocab_size} != target vocab_size {target_config.vocab_size}")
         if self.draft_vocab_size > cfg.vocab_size:
             raise SpecopsError(f"draft_vocab_size {self.draft_vocab_size} exceeds the vocabulary {cfg.vocab_size}")
-        self.aux_layers = aux_layer_ids(config, target_config)
+        self.tap_layers = tap_layer_ids(config, target_config)
         self.fc = nn.Linear(3 * target_hidden, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg, bool(config.get("norm_before_residual", False)))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -97,7 +97,7 @@ class Eagle3Draft(nn.Module):
         draft_vocab_size: int | None = None,
         seed: int = 0,
         token_ids: list[int] | None = None,
-        aux_layer_ids: tuple[int, int, int] | None = None,
+        tap_layer_ids: tuple[int, int, int] | None = None,
     ) -> "Eagle3Draft":
         """A seeded random draft shaped for ``target_config``: the target's width and heads, draft vocabulary
         of the first ``draft_vocab_size`` ids (or ``token_ids``), sharing the target's embedding."""
@@ -126,8 +126,8 @@ class Eagle3Draft(nn.Module):
         }
         if t.rope_scaling.get("rope_type", "default") != "default":
             config["rope_scaling"] = dict(t.rope_scaling)
-        if aux_layer_ids is not None:
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids)}
+        if tap_layer_ids is not None:
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(tap_layer_ids)}
         draft = cls(config, t)
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -205,7 +205,7 @@ class Eagle3Draft(nn.Module):
         dtype = self.fc.weight.dtype
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
         # Pin the taps: the draft was built for these layers, whatever vLLM's default for the target would be.
-        ids = list(self.aux_layers)
+        ids = list(self.tap_layers)
         config["eagle_config"] = {**(config.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": ids}
         save_safetensors(state, out / "model.safetensors")
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

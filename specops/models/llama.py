@@ -8,7 +8,7 @@ new keys/values into the cache and attends to every cached key whose position is
 rule makes padding and rejected speculative tokens harmless: they sit at positions beyond a row's valid length and
 are overwritten before any later query can reach them, so rollback is only a length reset.
 
-``aux_layers`` returns the EAGLE-3 taps with vLLM's meaning: for layer id ``i`` the residual stream entering
+``tap_layers`` returns the EAGLE-3 taps with vLLM's meaning: for layer id ``i`` the residual stream entering
 layer ``i`` (the embedding for ``i = 0``, Hugging Face's ``hidden_states[i]``), concatenated in ascending layer order.
 """
 
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specops.engine.kv_cache import KVCache
 from specops.errors import SpecopsError
+from specops.models.kv_cache import KVCache
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM",
@@ -103,7 +103,7 @@ class LlamaConfig:
             sliding_window=int(window) if window else None,
         )
 
-    def default_aux_layers(self) -> tuple[int, int, int]:
+    def default_tap_layers(self) -> tuple[int, int, int]:
         """vLLM's default EAGLE-3 taps: early, middle and late layer."""
         n = self.num_hidden_layers
         return (2, n // 2, n - 3)
@@ -333,10 +333,10 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         cache: KVCache,
         slots: torch.Tensor,
-        aux_layers: tuple[int, ...] = (),
+        tap_layers: tuple[int, ...] = (),
         logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(aux)·H] or None.
+        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(tap_layers)·H] or None.
 
         ``logits_at`` [B]: the one position per row whose logits are wanted (a prefill's last prompt token); the
         logits are then [B, 1, V] and the LM head skips every other row."""
@@ -344,7 +344,7 @@ class LlamaForCausalLM(nn.Module):
         meta = StepMeta.build(self.rotary, slots, positions, x.dtype)
         taps = []
         for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:
+            if i in tap_layers:
                 taps.append(x)
             x = layer(x, cache, i, meta)
         if logits_at is not None:

@@ -16,8 +16,8 @@ from specops.inputs import chat_prompt_ids, text_prompt_ids
 from specops.serve import errors, responses
 from specops.serve.errors import APIError, error_body
 from specops.serve.generation import Generation
-from specops.serve.metrics import ServerMetrics
 from specops.serve.middleware import AuthMiddleware, MetricsMiddleware
+from specops.serve.prometheus import ServerMetrics
 from specops.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specops.serve.runner import EngineRunner
 

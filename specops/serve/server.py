@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from pathlib import Path
 from typing import Optional
 
 from specops.errors import SpecopsError
@@ -19,7 +18,7 @@ def build_state(engine, *, model_name: str, max_seq_len: int, max_queue: int):
 
     from specops.engine.grammar import Grammars
     from specops.serve.app import ServerState
-    from specops.serve.metrics import ServerMetrics
+    from specops.serve.prometheus import ServerMetrics
     from specops.serve.runner import EngineRunner
 
     takes_constraints = "constraint" in inspect.signature(engine.add_request).parameters
@@ -33,39 +32,27 @@ def build_state(engine, *, model_name: str, max_seq_len: int, max_queue: int):
 
 
 def run_server(
-    model: Path,
+    cfg,
     *,
-    lora: Optional[Path] = None,
-    lora_mode: str = "merged",
-    draft: Optional[Path] = None,
-    gamma: int = 3,
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: Optional[str] = None,
     max_queue: int = 256,
-    max_batch: int = 16,
-    max_seq_len: int = 1024,
     served_model_name: Optional[str] = None,
-    device: str = "cpu",
 ) -> None:
-    """Serve ``model`` (+ LoRA, + EAGLE-3 draft with γ = ``gamma``) on host:port; blocks until shut down.
+    """Serve what ``cfg`` (an EngineConfig) names on host:port; blocks until shut down.
 
     The served name defaults to the model path as given, as vLLM names it, so the same request body works on both.
     """
-    import torch
     import uvicorn
 
-    from specops.engine import Engine
+    from specops.engine.engine import Engine
     from specops.serve.app import create_app
 
-    model = Path(model)
-    if not (model / "config.json").is_file():
-        raise SpecopsError(f"model directory not found or without config.json: {model}")
     if max_queue < 1:
         raise SpecopsError("--max-queue must be at least 1")
-    engine = Engine.load(model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma if draft else 0,
-                         device=device, dtype=torch.float32, max_batch=max_batch, max_seq_len=max_seq_len)
-    state = build_state(engine, model_name=served_model_name or str(model), max_seq_len=max_seq_len,
+    engine = Engine.from_config(cfg)
+    state = build_state(engine, model_name=served_model_name or str(cfg.model), max_seq_len=cfg.max_seq_len,
                         max_queue=max_queue)
     app = create_app(state, api_key=api_key)
     log.info("serving %s on http://%s:%d/v1", state.model_name, host, port)

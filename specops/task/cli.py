@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from specops.errors import SpecopsError, clean_errors
+from specops.files import read_jsonl
 
 app = typer.Typer(help="The commerce task: synthetic data and task metrics.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -29,26 +30,19 @@ def synth(
     langs = tuple(x.strip() for x in lang.split(",") if x.strip())
     examples = gen.generate(n, seed=seed, langs=langs)
     try:
-        gen.write_jsonl(examples, out)
+        gen.write_examples(examples, out)
     except OSError as e:
         raise SpecopsError(f"cannot write {out}: {e}") from None
     typer.echo(f"wrote {len(examples)} examples to {out}", err=True)
 
 
 def _read_predictions(path: Path) -> dict[str, str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecopsError(f"cannot read {path}: {e}") from None
+    rows, _ = read_jsonl(path)
     preds = {}
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            pid, text = str(rec["id"]), rec["text"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise SpecopsError(f'{path}:{no}: expected a JSON object with "id" and "text"') from None
+    for no, rec in rows:
+        if "id" not in rec or "text" not in rec:
+            raise SpecopsError(f'{path}:{no}: expected a JSON object with "id" and "text"')
+        pid, text = str(rec["id"]), rec["text"]
         if not isinstance(text, str):
             raise SpecopsError(f'{path}:{no}: "text" must be a string')
         preds[pid] = text
@@ -69,10 +63,10 @@ def score(
     from rich.console import Console
     from rich.table import Table
 
-    from specops.task import metrics
-    from specops.task.synth import read_jsonl
+    from specops.task import scoring
+    from specops.task.synth import read_examples
 
-    golds = read_jsonl(gold)
+    golds = read_examples(gold)
     preds = _read_predictions(pred)
     if not golds:
         raise SpecopsError(f"{gold} holds no examples")
@@ -81,7 +75,7 @@ def score(
     if unknown:
         raise SpecopsError(f"{len(unknown)} prediction ids are not in {gold} (first: {unknown[0]!r})")
     missing = sum(e.id not in preds for e in golds)
-    report = metrics.score([preds.get(e.id, "") for e in golds], [e.gold for e in golds])
+    report = scoring.score([preds.get(e.id, "") for e in golds], [e.gold for e in golds])
 
     console = Console()
     summary = Table(title=f"task metrics (n={report.n})")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from specops.errors import SpecopsError
+from specops.files import read_jsonl
 from specops.task import lexicon as lx
 from specops.task.schema import FIELDS
 
@@ -380,7 +381,7 @@ def held_out(n: int, seed: int, exclude: Iterable[Example], langs: Sequence[str]
     return out
 
 
-def write_jsonl(examples: Iterable[Example], path: str | Path) -> None:
+def write_examples(examples: Iterable[Example], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -388,22 +389,15 @@ def write_jsonl(examples: Iterable[Example], path: str | Path) -> None:
             f.write(json.dumps(e.to_json(), ensure_ascii=False) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[Example]:
-    """Examples from a JSONL file written by :func:`write_jsonl`; a bad line raises SpecopsError naming it."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecopsError(f"cannot read {path}: {e}") from None
+def read_examples(path: str | Path) -> list[Example]:
+    """Examples from a JSONL file written by :func:`write_examples`; a bad line raises SpecopsError naming it."""
+    rows, _ = read_jsonl(path)
     out = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for no, rec in rows:
         try:
-            rec = json.loads(line)
             out.append(Example(id=str(rec["id"]), lang=rec["lang"], query=rec["query"], gold=rec["gold"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise SpecopsError(f"{path}:{no}: not an example line ({type(e).__name__}: {e})") from None
+        except KeyError as e:
+            raise SpecopsError(f"{path}:{no}: not an example line (no {e})") from None
         if not isinstance(out[-1].gold, dict) or not isinstance(out[-1].query, str):
             raise SpecopsError(f"{path}:{no}: 'query' must be a string and 'gold' an object")
     return out

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specops.errors import SpecopsError
+from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(help="Train EAGLE-3 drafts on self-distilled data.")
 
@@ -21,6 +21,7 @@ def _bar():
 
 
 @app.command("train-draft")
+@clean_errors(interrupted="interrupted; rerun the same command to resume")
 def train_draft(
     target: Path = typer.Option(..., "--target", help="Target model directory (Hugging Face layout)."),
     out: Path = typer.Option(..., "--out", help="Draft directory to write (vLLM EAGLE-3 layout)."),
@@ -49,37 +50,30 @@ def train_draft(
     from specops.training import pipeline
     from specops.training.train import TrainConfig
 
-    try:
-        if (prompts is None) == (synthetic is None):
-            raise SpecopsError("give exactly one of --prompts FILE.jsonl or --synthetic N")
-        if device not in ("cpu", "cuda"):
-            raise SpecopsError("--device must be cpu or cuda")
-        source = pipeline.Source("file", str(prompts)) if prompts is not None else pipeline.Source("synthetic", synthetic)
-        job = pipeline.Job(
-            target=target, out=out, source=source, lora=lora, init=init, draft_vocab_size=draft_vocab_size,
-            online=online, device=device, temperature=temperature, max_new_tokens=max_new_tokens,
-            eval_prompts=eval_prompts,
-            train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
-                              checkpoint_every=checkpoint_every, seed=seed),
-        )
-        with _bar() as bar:
-            tasks: dict[str, int] = {}
+    if (prompts is None) == (synthetic is None):
+        raise SpecopsError("give exactly one of --prompts FILE.jsonl or --synthetic N")
+    if device not in ("cpu", "cuda"):
+        raise SpecopsError("--device must be cpu or cuda")
+    source = pipeline.Source("file", str(prompts)) if prompts is not None else pipeline.Source("synthetic", synthetic)
+    job = pipeline.Job(
+        target=target, out=out, source=source, lora=lora, init=init, draft_vocab_size=draft_vocab_size,
+        online=online, device=device, temperature=temperature, max_new_tokens=max_new_tokens,
+        eval_prompts=eval_prompts,
+        train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
+                          checkpoint_every=checkpoint_every, seed=seed),
+    )
+    with _bar() as bar:
+        tasks: dict[str, int] = {}
 
-            def progress(stage: str, done: int, total: int, fields: dict) -> None:
-                if stage not in tasks:
-                    tasks[stage] = bar.add_task(stage, total=total, info="")
-                info = ""
-                if "loss" in fields:
-                    info = f"loss {fields['loss']:.3f}  acc " + " ".join(f"{a:.2f}" for a in fields["acc"])
-                bar.update(tasks[stage], completed=done, total=total, info=info)
+        def progress(stage: str, done: int, total: int, fields: dict) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total, info="")
+            info = ""
+            if "loss" in fields:
+                info = f"loss {fields['loss']:.3f}  acc " + " ".join(f"{a:.2f}" for a in fields["acc"])
+            bar.update(tasks[stage], completed=done, total=total, info=info)
 
-            report = pipeline.run(job, progress)
-    except SpecopsError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.secho("interrupted; rerun the same command to resume", fg="yellow", err=True)
-        raise typer.Exit(130) from None
+        report = pipeline.run(job, progress)
     if report["prompts"]["skipped_lines"]:
         typer.secho(f"skipped {report['prompts']['skipped_lines']} unusable prompt line(s)", fg="yellow", err=True)
     typer.echo(json.dumps(report["acceptance"], indent=2))

@@ -43,7 +43,7 @@ class Example:
 class Features:
     """Per token of one example: the concatenated taps [L, 3·H] and the final (pre-norm) hidden state [L, H]."""
 
-    aux: torch.Tensor
+    taps: torch.Tensor
     final: torch.Tensor
 
 
@@ -119,7 +119,7 @@ def regenerate(engine, prompts: list[list[int]], params: list, cache: ShardCache
 
 
 @torch.no_grad()
-def forward_features(target, token_rows: list[list[int]], aux_layers: tuple[int, ...], device) -> list[Features]:
+def forward_features(target, token_rows: list[list[int]], tap_layers: tuple[int, ...], device) -> list[Features]:
     """One teacher-forced target forward over right-padded rows; float32 features trimmed to each row's length."""
     width = max(map(len, token_rows))
     tokens = torch.zeros(len(token_rows), width, dtype=torch.long)
@@ -132,14 +132,14 @@ def forward_features(target, token_rows: list[list[int]], aux_layers: tuple[int,
     captured = {}
     hook = target.model.norm.register_forward_hook(lambda m, args, out: captured.setdefault("final", args[0]))
     try:
-        _, aux = target(tokens, positions, cache, slots, aux_layers=aux_layers)
+        _, taps = target(tokens, positions, cache, slots, tap_layers=tap_layers)
     finally:
         hook.remove()
-    return [Features(aux[r, : len(row)].float(), captured["final"][r, : len(row)].float())
+    return [Features(taps[r, : len(row)].float(), captured["final"][r, : len(row)].float())
             for r, row in enumerate(token_rows)]
 
 
-def capture(target, examples: list[Example], aux_layers: tuple[int, ...], cache: ShardCache, device,
+def capture(target, examples: list[Example], tap_layers: tuple[int, ...], cache: ShardCache, device,
             batch: int = 16, progress: Callable[[int, int], None] = lambda done, total: None) -> list[Features]:
     """Features of every example, cached per shard in ``FEATURE_DTYPE``."""
     out: list[Features] = []
@@ -149,16 +149,16 @@ def capture(target, examples: list[Example], aux_layers: tuple[int, ...], cache:
         if not path.is_file():
             feats = []
             for b in range(0, len(chunk), batch):
-                feats += forward_features(target, [e.tokens for e in chunk[b : b + batch]], aux_layers, device)
+                feats += forward_features(target, [e.tokens for e in chunk[b : b + batch]], tap_layers, device)
             cache.write_tensors(path, {
-                "aux": torch.cat([f.aux for f in feats]).to(FEATURE_DTYPE).cpu(),
+                "taps": torch.cat([f.taps for f in feats]).to(FEATURE_DTYPE).cpu(),
                 "final": torch.cat([f.final for f in feats]).to(FEATURE_DTYPE).cpu(),
                 "lengths": torch.tensor([len(e.tokens) for e in chunk]),
             })
         t = load_file(str(path))
         if t["lengths"].tolist() != [len(e.tokens) for e in chunk]:
             raise SpecopsError(f"{path}: cached features do not match the cached answers; delete {cache.root}")
-        for a, f in zip(t["aux"].split(t["lengths"].tolist()), t["final"].split(t["lengths"].tolist())):
+        for a, f in zip(t["taps"].split(t["lengths"].tolist()), t["final"].split(t["lengths"].tolist())):
             out.append(Features(a, f))
         progress(min(s + SHARD, len(examples)), len(examples))
     return out

@@ -20,10 +20,12 @@ import torch
 from specops.engine.engine import Engine
 from specops.engine.sampling import SamplingParams
 from specops.errors import SpecopsError
-from specops.models.eagle3 import aux_layer_ids
+from specops.files import read_json
+from specops.models.eagle3 import tap_layer_ids
 from specops.models.llama import LlamaConfig
-from specops.models.target import load_tokenizer, read_json
-from specops.training import card, data, drafts, evaluate, prompts as prompt_sources, vocab
+from specops.models.target import load_tokenizer
+from specops.training import card, data, draft_init, evaluate, vocab
+from specops.training import sources as prompt_sources
 from specops.training.train import Data, TrainConfig, train
 
 DEFAULT_DRAFT_VOCAB = 32_000
@@ -31,16 +33,18 @@ DEFAULT_DRAFT_VOCAB = 32_000
 
 @dataclass(frozen=True)
 class Source:
-    """Where the prompts come from: ``file`` (JSONL path), ``synthetic`` (N task queries) or ``general`` (N docs)."""
+    """Where the prompts come from: ``file`` (a JSONL path), ``synthetic`` (N task queries) or ``records``
+    (request records the caller built, described by ``label``)."""
 
     kind: str
-    value: str | int
+    value: str | int | tuple[dict, ...]
     exclude: tuple[str, ...] = ()  # synthetic queries never to train on (someone's held-out set)
+    label: str = ""
 
     def describe(self) -> str:
         held = f" (none of {len(self.exclude)} held-out queries)" if self.exclude else ""
         return {"file": f"prompts from {self.value}", "synthetic": f"{self.value} synthetic commerce queries{held}",
-                "general": f"{self.value} prompts from the general text mix"}[self.kind]
+                "records": self.label}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,8 @@ def load_prompts(job: Job, tokenizer) -> tuple[list[list[int]], int]:
         return prompt_sources.from_jsonl(tokenizer, Path(s.value))
     if s.kind == "synthetic":
         return prompt_sources.synthetic(tokenizer, int(s.value), job.train.seed, set(s.exclude)), 0
-    if s.kind == "general":
-        return prompt_sources.general(tokenizer, int(s.value), job.train.seed), 0
+    if s.kind == "records":
+        return prompt_sources.from_records(tokenizer, list(s.value))
     raise SpecopsError(f"unknown prompt source {s.kind!r}")
 
 
@@ -104,7 +108,7 @@ def run(job: Job, progress: Progress = lambda *a: None) -> dict:
     target_cfg = LlamaConfig.from_dict(raw)
     if job.init is not None and not (Path(job.init) / "config.json").is_file():
         raise SpecopsError(f"--init draft not found (no config.json): {job.init}")
-    aux = aux_layer_ids(read_json(Path(job.init) / "config.json") if job.init else {}, target_cfg)
+    tap_layers = tap_layer_ids(read_json(Path(job.init) / "config.json") if job.init else {}, target_cfg)
     torch.manual_seed(job.train.seed)
     tokenizer = load_tokenizer(job.target, target_cfg.vocab_size)
     all_prompts, skipped = load_prompts(job, tokenizer)
@@ -112,24 +116,24 @@ def run(job: Job, progress: Progress = lambda *a: None) -> dict:
     max_seq = min(target_cfg.max_position_embeddings, max(map(len, all_prompts)) + job.max_new_tokens + 1)
     engine = Engine.load(job.target, lora=job.lora, device=job.device, max_seq_len=max_seq)
     model = engine.model
-    init = drafts.load_init(Path(job.init), model) if job.init else None
+    init = draft_init.load_init(Path(job.init), model) if job.init else None
 
     partial = out.parent / f".{out.name}.partial"
     prompt_hash = hashlib.sha256(json.dumps(train_prompts).encode()).hexdigest()
     key = data.fingerprint(target=data.model_identity(job.target), lora=data.model_identity(job.lora),
                            prompts=prompt_hash, temperature=job.temperature, max_new_tokens=job.max_new_tokens,
-                           seed=job.train.seed, aux=aux)
+                           seed=job.train.seed, tap_layers=tap_layers)
     cache = data.ShardCache(partial / "data", key)
     examples = data.regenerate(engine, train_prompts, sampling_params(job, len(train_prompts)), cache,
                                lambda d, t: progress("regenerate", d, t, {}))
 
     size = job.draft_vocab_size or (init.draft_vocab_size if init is not None else DEFAULT_DRAFT_VOCAB)
     chosen, _, _ = vocab.build([e.answer for e in examples], target_cfg.vocab_size, size)
-    draft = drafts.revocab(init, model, chosen) if init is not None else drafts.fresh(model, chosen, job.train.seed, aux)
+    draft = draft_init.revocab(init, model, chosen) if init is not None else draft_init.fresh(model, chosen, job.train.seed, tap_layers)
 
-    features = None if job.online else data.capture(model, examples, aux, cache, job.device,
+    features = None if job.online else data.capture(model, examples, tap_layers, cache, job.device,
                                                     progress=lambda d, t: progress("capture", d, t, {}))
-    dataset = Data(examples, features, model, aux, job.device)
+    dataset = Data(examples, features, model, tap_layers, job.device)
 
     before = None
     if init is not None and eval_prompts:
@@ -156,7 +160,7 @@ def run(job: Job, progress: Progress = lambda *a: None) -> dict:
                  "temperature": job.temperature, "max_new_tokens": job.max_new_tokens,
                  "mode": "online" if job.online else "cached"},
         "draft_vocab_size": int(chosen.numel()),
-        "aux_layers": list(aux),
+        "aux_layers": list(tap_layers),
         "training": {**asdict(job.train), **history},
         "acceptance": {"before": before, "after": after},
     }

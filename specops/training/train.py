@@ -16,6 +16,7 @@ import torch
 
 from specops.training import ttt
 from specops.training.data import Example, Features, forward_features
+from specops.training.schedule import adamw, cosine_lr, optimizer_step
 
 
 @dataclass(frozen=True)
@@ -33,29 +34,21 @@ class TrainConfig:
     seed: int = 0
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    warm = max(1, round(total * cfg.warmup))
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    t = (step - warm) / max(1, total - warm)
-    return cfg.lr * (cfg.min_lr + (1 - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 @dataclass
 class Batch:
     tokens: torch.Tensor  # [B, T] right-padded with 0
     lengths: torch.Tensor  # [B]
     prompt_lengths: torch.Tensor  # [B]
-    aux: torch.Tensor  # [B, T, 3·H]
+    taps: torch.Tensor  # [B, T, 3·H]
     final: torch.Tensor  # [B, T, H]
 
 
 class Data:
     """Training examples with their target features: cached (``features``) or computed per batch (``target``)."""
 
-    def __init__(self, examples: list[Example], features: list[Features] | None, target, aux_layers, device):
+    def __init__(self, examples: list[Example], features: list[Features] | None, target, tap_layers, device):
         self.examples, self.features, self.target = examples, features, target
-        self.aux_layers, self.device = tuple(aux_layers), torch.device(device)
+        self.tap_layers, self.device = tuple(tap_layers), torch.device(device)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -63,18 +56,18 @@ class Data:
     def batch(self, idx: list[int]) -> Batch:
         rows = [self.examples[i] for i in idx]
         feats = ([self.features[i] for i in idx] if self.features is not None
-                 else forward_features(self.target, [e.tokens for e in rows], self.aux_layers, self.device))
+                 else forward_features(self.target, [e.tokens for e in rows], self.tap_layers, self.device))
         width = max(len(e.tokens) for e in rows)
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        aux = torch.zeros(len(rows), width, feats[0].aux.shape[-1])
+        taps = torch.zeros(len(rows), width, feats[0].taps.shape[-1])
         final = torch.zeros(len(rows), width, feats[0].final.shape[-1])
         for r, (e, f) in enumerate(zip(rows, feats)):
             n = len(e.tokens)
             tokens[r, :n] = torch.tensor(e.tokens)
-            aux[r, :n], final[r, :n] = f.aux.float(), f.final.float()
+            taps[r, :n], final[r, :n] = f.taps.float(), f.final.float()
         d = self.device
         return Batch(tokens.to(d), torch.tensor([len(e.tokens) for e in rows], device=d),
-                     torch.tensor([len(e.prompt) for e in rows], device=d), aux.to(d), final.to(d))
+                     torch.tensor([len(e.prompt) for e in rows], device=d), taps.to(d), final.to(d))
 
 
 def schedule(n: int, cfg: TrainConfig) -> tuple[int, Callable[[int], list[int]]]:
@@ -120,7 +113,7 @@ def train(draft, target, data: Data, cfg: TrainConfig, checkpoint: Path, key: st
           progress: Progress = lambda step, total, result: None) -> dict:
     """Train ``draft`` in place; resumes from ``checkpoint`` when it holds a state of the same run (``key``)."""
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = adamw(params, cfg.lr, cfg.weight_decay)
     total, indices = schedule(len(data), cfg)
     key = f"{key}:{asdict(cfg)}"
     start = load_checkpoint(checkpoint, draft, opt, key)
@@ -130,17 +123,12 @@ def train(draft, target, data: Data, cfg: TrainConfig, checkpoint: Path, key: st
     tail_from = total - max(1, total // 10)
     sums = {"loss": 0.0, "correct": [0] * cfg.ttt_steps, "count": [0] * cfg.ttt_steps, "steps": 0}
     for step in range(start, total):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, total, cfg)
         batch = data.batch(indices(step))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             teach = ttt.teacher(teacher_logits(target, batch.final), draft.t2d)
-            logits = ttt.unroll(draft, batch.tokens, batch.aux, cfg.ttt_steps)
+            logits = ttt.unroll(draft, batch.tokens, batch.taps, cfg.ttt_steps)
             result = ttt.ttt_loss(logits, teach, batch.lengths, batch.prompt_lengths, cfg.decay)
-        result.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(opt, params, result.loss, cosine_lr(step, total, cfg.lr, cfg.warmup, cfg.min_lr), cfg.clip)
         if step >= tail_from:
             sums["loss"] += result.loss.item()
             sums["steps"] += 1

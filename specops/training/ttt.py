@@ -94,13 +94,13 @@ def _layer_step(draft, emb, hidden, positions, keys, values):
     return residual + layer.mlp(layer.post_attention_layernorm(residual))
 
 
-def unroll(draft, tokens: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unroll(draft, tokens: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Per-step draft-vocabulary logits [B, T, Vd] for ``steps`` chained steps over whole sequences.
 
-    tokens: [B, T] prompt + answer ids (right-padded); aux: [B, T, 3·H_target] target taps.
+    tokens: [B, T] prompt + answer ids (right-padded); taps: [B, T, 3·H_target] target taps.
     """
     b, t = tokens.shape
-    hidden = draft.combine(aux)
+    hidden = draft.combine(taps)
     base = torch.arange(t, device=tokens.device).expand(b, t)
     keys, values, logits = [], [], []
     for k in range(steps):

@@ -2,7 +2,7 @@
 
 Standalone on purpose: it runs under the vLLM environment's python (its own torch and transformers), so it
 imports nothing from specops. The specops side builds the request file and reads the result
-(``specops.interop.vllm``).
+(``specops.peers.vllm.offline``).
 
 Request file::
 
@@ -30,13 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-# This file sits beside specops' own ``vllm.py``; without this, ``import vllm`` would find that one.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",

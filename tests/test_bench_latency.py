@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specops.bench.metrics import distribution, meets_slo, ratio_ci, summarize, tpot_s
+from specops.bench.latency import distribution, meets_slo, ratio_ci, summarize, tpot_s
 from specops.bench.record import RequestRecord
 
 # Four requests over a 2 s benchmark (seconds):

@@ -27,8 +27,8 @@ def load_init(init_dir: Path, target) -> Eagle3Draft:
         raise SpecopsError(f"--init draft does not fit the target: {e}") from None
 
 
-def fresh(target, chosen: torch.Tensor, seed: int, aux_layers: tuple[int, ...] | None = None) -> Eagle3Draft:
-    draft = Eagle3Draft.random(target.config, token_ids=chosen.tolist(), seed=seed, aux_layer_ids=aux_layers)
+def fresh(target, chosen: torch.Tensor, seed: int, tap_layers: tuple[int, ...] | None = None) -> Eagle3Draft:
+    draft = Eagle3Draft.random(target.config, token_ids=chosen.tolist(), seed=seed, tap_layer_ids=tap_layers)
     draft.attach(target)
     with torch.no_grad():
         draft.lm_head.weight.copy_(target.lm_head.weight[chosen.to(target.lm_head.weight.device)])
@@ -40,7 +40,7 @@ def revocab(init: Eagle3Draft, target, chosen: torch.Tensor) -> Eagle3Draft:
     """``init`` with its draft vocabulary replaced by ``chosen`` (ascending target ids)."""
     config = {**init.config, "draft_vocab_size": int(chosen.numel())}
     config["eagle_config"] = {**(config.get("eagle_config") or {}),
-                              "eagle_aux_hidden_state_layer_ids": list(init.aux_layers)}
+                              "eagle_aux_hidden_state_layer_ids": list(init.tap_layers)}
     draft = Eagle3Draft(config, target.config)
     state = {k: v for k, v in init.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     draft.load_state_dict(state, strict=False)

@@ -1,4 +1,4 @@
-"""Speculative-decoding counters scraped from any server's Prometheus text, under vLLM's metric names.
+"""Speculative-decoding counters scraped from any server's Prometheus text (vLLM's or specops'), under vLLM's names.
 
 vLLM labels every sample (``engine``, ``model_name``, and ``position`` for the per-position counter); a server
 with several engines or models exposes one sample per label set, so counters are summed over labels.
@@ -6,35 +6,15 @@ with several engines or models exposes one sample per label set, so counters are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 
 PREFIX = "vllm:spec_decode_"
 _SCALARS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"
-
-
-@dataclass(frozen=True)
-class SpecCounters:
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
-
-    def per_position_rate(self) -> list[float]:
-        return [a / self.num_drafts for a in self.accepted_per_pos] if self.num_drafts else []
 
 
 def metrics_url(base_url_or_metrics_url: str) -> str:
@@ -55,8 +35,8 @@ def _metric(sample_name: str) -> str | None:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
-def parse_spec(text: str) -> SpecCounters:
-    """SpecCounters from Prometheus exposition text (zero where a counter is absent)."""
+def parse_spec(text: str) -> SpecStats:
+    """SpecStats from Prometheus exposition text (zero where a counter is absent)."""
     sums = dict.fromkeys(_SCALARS, 0.0)
     per_pos: dict[int, float] = {}
     try:
@@ -72,11 +52,11 @@ def parse_spec(text: str) -> SpecCounters:
                 pos = int(s.labels["position"])
                 per_pos[pos] = per_pos.get(pos, 0.0) + s.value
     n = max(per_pos) + 1 if per_pos else 0
-    return SpecCounters(*(int(round(sums[k])) for k in _SCALARS),
-                        accepted_per_pos=[int(round(per_pos.get(i, 0.0))) for i in range(n)])
+    return SpecStats(*(int(round(sums[k])) for k in _SCALARS),
+                     accepted_per_pos=[int(round(per_pos.get(i, 0.0))) for i in range(n)])
 
 
-def scrape_spec(base_url_or_metrics_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> SpecCounters:
+def scrape_spec(base_url_or_metrics_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> SpecStats:
     """Current speculative counters of a running server (vLLM or specops)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = metrics_url(base_url_or_metrics_url)
@@ -86,15 +66,3 @@ def scrape_spec(base_url_or_metrics_url: str, api_key: str | None = None, timeou
     except httpx.HTTPError as e:
         raise SpecopsError(f"cannot read metrics from {url}: {e}") from None
     return parse_spec(r.text)
-
-
-def delta(after: SpecCounters, before: SpecCounters) -> SpecCounters:
-    """Counts accumulated between two scrapes."""
-    n = max(len(after.accepted_per_pos), len(before.accepted_per_pos))
-    pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
-    return SpecCounters(
-        after.num_drafts - before.num_drafts,
-        after.num_draft_tokens - before.num_draft_tokens,
-        after.num_accepted_tokens - before.num_accepted_tokens,
-        [a - b for a, b in zip(pad(after.accepted_per_pos), pad(before.accepted_per_pos))],
-    )

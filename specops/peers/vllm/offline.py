@@ -1,6 +1,6 @@
 """Real vLLM offline, called from specops: build the runner's request file, run it under the vLLM python, parse.
 
-The runner (``vllm_runner.py`` beside this file) needs vLLM's own torch and transformers, so it is a
+The runner (``runner.py`` beside this file) needs vLLM's own torch and transformers, so it is a
 subprocess of the vLLM environment's python (``$SPECOPS_VLLM_PYTHON``, else the repository's
 ``.venv-vllm``). Requests use specops' ``SamplingParams`` and results use its ``SpecStats``, so vLLM's numbers
 compare one to one with the engine's.
@@ -19,7 +19,7 @@ from specops.engine.sampling import SamplingParams
 from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 
-RUNNER = Path(__file__).with_name("vllm_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 LOG_TAIL = 40  # lines of vLLM's log shown when it fails
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specops.task import metrics, prompt
+from specops.task import prompt, scoring
 from specops.task.schema import FIELDS
 from specops.task.synth import empty_params, generate
 
@@ -17,7 +17,7 @@ def answer(**changes) -> str:
 
 
 def test_perfect_answer():
-    s = metrics.score_one(answer(), GOLD)
+    s = scoring.score_one(answer(), GOLD)
     assert s.parsed and s.valid and s.exact
     assert all(s.field_correct.values())
     assert s.counts["keywords"] == (2, 0, 0) and s.counts["price_max"] == (1, 0, 0) and s.counts["condition"] == (0, 0, 0)
@@ -25,12 +25,12 @@ def test_perfect_answer():
 
 def test_normalisation_case_whitespace_order_and_numbers():
     text = answer(keywords=["Waterproof ", "RUNNING SHOES"], brands=["nike"], price_max=120.0)
-    s = metrics.score_one(text, GOLD)
+    s = scoring.score_one(text, GOLD)
     assert s.exact and s.valid
 
 
 def test_one_wrong_field():
-    s = metrics.score_one(answer(currency="EUR"), GOLD)
+    s = scoring.score_one(answer(currency="EUR"), GOLD)
     assert s.parsed and s.valid and not s.exact
     assert [f for f, ok in s.field_correct.items() if not ok] == ["currency"]
     assert s.counts["currency"] == (0, 1, 1)
@@ -38,7 +38,7 @@ def test_one_wrong_field():
 
 def test_list_partial_overlap_f1():
     # gold keywords: running shoes, waterproof; predicted: running shoes, trail
-    report = metrics.score([answer(keywords=["running shoes", "trail"])], [GOLD])
+    report = scoring.score([answer(keywords=["running shoes", "trail"])], [GOLD])
     assert report.per_field["keywords"] == 0.0
     assert report.per_field_f1["keywords"] == pytest.approx(0.5)  # tp 1, fp 1, fn 1
     # gold items over all fields: intent, 2 keywords, category, brand, price_max, currency, colour, size, sort = 10
@@ -49,25 +49,25 @@ def test_list_partial_overlap_f1():
 
 
 def test_non_json_scores_zero_without_crashing():
-    s = metrics.score_one("I could not find anything", GOLD)
+    s = scoring.score_one("I could not find anything", GOLD)
     assert not s.parsed and not s.valid and not s.exact
     assert not any(s.field_correct.values())
     assert s.counts["keywords"] == (0, 0, 2) and s.counts["condition"] == (0, 0, 0)
 
 
 def test_truncated_json_and_list_are_not_parsed():
-    assert not metrics.score_one(answer()[:-20], GOLD).parsed
-    assert not metrics.score_one(json.dumps([json.loads(answer())]), GOLD).parsed
+    assert not scoring.score_one(answer()[:-20], GOLD).parsed
+    assert not scoring.score_one(json.dumps([json.loads(answer())]), GOLD).parsed
 
 
 def test_trailing_marker_and_whitespace():
-    s = metrics.score_one("\n  " + answer() + "<|endoftext|>  ", GOLD)
+    s = scoring.score_one("\n  " + answer() + "<|endoftext|>  ", GOLD)
     assert s.parsed and s.exact
-    assert metrics.score_one("Sure: " + answer() + " hope it helps", GOLD).exact
+    assert scoring.score_one("Sure: " + answer() + " hope it helps", GOLD).exact
 
 
 def test_wrong_types_are_wrong_but_scored():
-    s = metrics.score_one(answer(price_max="120", brands="Nike", in_stock=1, sizes=[10]), GOLD)
+    s = scoring.score_one(answer(price_max="120", brands="Nike", in_stock=1, sizes=[10]), GOLD)
     assert s.parsed and not s.valid
     assert not s.field_correct["price_max"] and not s.field_correct["brands"]
     assert not s.field_correct["in_stock"]  # 1 is not a boolean (gold null)
@@ -77,40 +77,40 @@ def test_wrong_types_are_wrong_but_scored():
 
 def test_bool_is_not_a_number():
     gold = dict(GOLD, price_min=1)
-    assert not metrics.score_one(prompt.format_answer(dict(gold, price_min=True)), gold).field_correct["price_min"]
+    assert not scoring.score_one(prompt.format_answer(dict(gold, price_min=True)), gold).field_correct["price_min"]
 
 
 def test_null_versus_missing():
     obj = json.loads(answer())
     del obj["condition"]  # gold condition is null: a missing key is still wrong
-    s = metrics.score_one(json.dumps(obj), GOLD)
+    s = scoring.score_one(json.dumps(obj), GOLD)
     assert s.parsed and not s.valid and not s.field_correct["condition"] and not s.exact
     assert s.counts["condition"] == (0, 0, 0)
-    s = metrics.score_one(answer(condition="new"), GOLD)
+    s = scoring.score_one(answer(condition="new"), GOLD)
     assert s.valid and not s.field_correct["condition"] and s.counts["condition"] == (0, 1, 0)
 
 
 def test_extra_keys_invalidate_but_do_not_change_fields():
     obj = dict(json.loads(answer()), note="x")
-    s = metrics.score_one(json.dumps(obj), GOLD)
+    s = scoring.score_one(json.dumps(obj), GOLD)
     assert s.parsed and not s.valid and s.exact
 
 
 def test_score_aggregates_and_checks_lengths():
-    report = metrics.score([answer(), "nope"], [GOLD, GOLD])
+    report = scoring.score([answer(), "nope"], [GOLD, GOLD])
     assert report.n == 2 and report.parse_rate == 0.5 and report.exact_match == 0.5
     assert set(report.to_dict()) >= {"n", "parse_rate", "valid_rate", "exact_match", "field_accuracy", "per_field",
                                      "micro_f1", "macro_f1"}
     assert json.loads(json.dumps(report.to_dict()))["per_field"]["intent"] == 0.5
     with pytest.raises(ValueError):
-        metrics.score(["x"], [GOLD, GOLD])
+        scoring.score(["x"], [GOLD, GOLD])
     with pytest.raises(ValueError):
-        metrics.score([], [])
+        scoring.score([], [])
 
 
 def test_gold_answers_score_perfectly():
     examples = generate(300, seed=11)
-    report = metrics.score([prompt.format_answer(e.gold) for e in examples], [e.gold for e in examples])
+    report = scoring.score([prompt.format_answer(e.gold) for e in examples], [e.gold for e in examples])
     assert report.exact_match == 1.0 and report.valid_rate == 1.0 and report.macro_f1 == 1.0
 
 
@@ -131,11 +131,11 @@ texts = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(texts)
 def test_score_one_never_crashes(text):
-    s = metrics.score_one(text, GOLD)
+    s = scoring.score_one(text, GOLD)
     assert set(s.field_correct) == set(FIELDS)
     assert s.exact == all(s.field_correct.values())
     assert not s.valid or s.parsed
     for tp, fp, fn in s.counts.values():
         assert min(tp, fp, fn) >= 0
-    report = metrics.score([text], [GOLD])
+    report = scoring.score([text], [GOLD])
     assert 0.0 <= report.micro_f1 <= 1.0 and 0.0 <= report.macro_f1 <= 1.0

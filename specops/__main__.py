@@ -1,0 +1,5 @@
+"""``python -m specops``: the command-line interface (what the ``specops`` script runs)."""
+
+from specops.cli import main
+
+main()

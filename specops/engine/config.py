@@ -1,0 +1,72 @@
+"""What an engine loads and how it runs: the one set of settings ``generate``, ``serve`` and the embedded backend
+share, checked in one place and turned back into command-line flags for a server subprocess."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from specops.errors import SpecopsError
+
+LORA_MODES = ("merged", "unmerged")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``gamma`` is the number of speculative tokens per step; without a ``draft`` decoding is plain (γ = 0).
+    ``lora_mode``: merged folds the adapter into the weights at load, unmerged adds it in the forward."""
+
+    model: Path
+    lora: Optional[Path] = None
+    lora_mode: str = "merged"
+    draft: Optional[Path] = None
+    gamma: int = 3
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch: int = 16
+    max_seq_len: int = 1024
+
+    def validate(self) -> "EngineConfig":
+        """Refuse settings that cannot load, naming the flag; returns self."""
+        if not (Path(self.model) / "config.json").is_file():
+            raise SpecopsError(f"--model: model directory not found or without config.json: {self.model}")
+        for flag, path in (("--lora", self.lora), ("--draft", self.draft)):
+            if path is not None and not Path(path).is_dir():
+                raise SpecopsError(f"{flag}: directory not found: {path}")
+        if self.lora_mode not in LORA_MODES:
+            raise SpecopsError(f"--lora-mode must be one of {', '.join(LORA_MODES)}, not {self.lora_mode!r}")
+        if self.dtype not in DTYPES:
+            raise SpecopsError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise SpecopsError(f"--device must be cpu, cuda or cuda:N, not {self.device!r}")
+        if self.gamma < 0:
+            raise SpecopsError(f"--gamma must be >= 0, got {self.gamma}")
+        if self.max_batch < 1:
+            raise SpecopsError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_seq_len < 16:
+            raise SpecopsError(f"--max-seq-len must be >= 16, got {self.max_seq_len}")
+        return self
+
+    @property
+    def speculative_gamma(self) -> int:
+        """γ as run: 0 without a draft."""
+        return self.gamma if self.draft is not None else 0
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def argv(self) -> list[str]:
+        """The same settings as ``specops serve`` / ``specops generate`` flags."""
+        args = ["--model", str(self.model), "--device", self.device, "--dtype", self.dtype,
+                "--max-batch", str(self.max_batch), "--max-seq-len", str(self.max_seq_len)]
+        if self.lora is not None:
+            args += ["--lora", str(self.lora), "--lora-mode", self.lora_mode]
+        if self.draft is not None:
+            args += ["--draft", str(self.draft), "--gamma", str(self.gamma)]
+        return args

@@ -1,0 +1,96 @@
+"""Files every layer reads and writes: JSON, JSON Lines and safetensors, with one error for a bad file.
+
+Written files are stable (sorted keys, fixed metadata) so that rebuilding anything gives byte-identical files,
+and world-readable, since a saved model is shared data that servers running as other users load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from specops.errors import SpecopsError
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecopsError(f"cannot read {path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecopsError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise SpecopsError(f"{path}: not valid JSON ({e.msg})") from None
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Stable JSON on disk: sorted keys, UTF-8, two-space indent, trailing newline."""
+    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_jsonl(path: str | Path, on_bad: Literal["raise", "skip"] = "raise") -> tuple[list[tuple[int, dict]], int]:
+    """The JSON objects of a JSON Lines file with their line numbers, and how many lines were skipped.
+
+    Blank lines are ignored. A line that is not a JSON object raises a SpecopsError naming ``path:line``, or with
+    ``on_bad="skip"`` is counted and passed over; the caller checks what each object must hold.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecopsError(f"cannot read {path}: file not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecopsError(f"cannot read {path}: {e}") from None
+    rows, skipped = [], 0
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            problem = None if isinstance(obj, dict) else "each line must be a JSON object"
+        except json.JSONDecodeError as e:
+            problem = f"not valid JSON ({e.msg})"
+        if problem is None:
+            rows.append((lineno, obj))
+        elif on_bad == "skip":
+            skipped += 1
+        else:
+            raise SpecopsError(f"{path}:{lineno}: {problem}")
+    return rows, skipped
+
+
+def save_safetensors(tensors: dict, path: str | Path) -> None:
+    """Write ``tensors`` with sorted keys and fixed metadata (no timestamps), readable by every user."""
+    from safetensors.torch import save_file
+
+    save_file({k: tensors[k] for k in sorted(tensors)}, str(path), metadata={"format": "pt"})
+    Path(path).chmod(0o644)
+
+
+def load_safetensors_dir(model_dir: str | Path) -> dict:
+    """All tensors of a directory: ``model.safetensors``, a sharded index, or any ``*.safetensors`` files."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(read_json(index)["weight_map"].values()))
+        missing = [f for f in files if not (model_dir / f).is_file()]
+        if missing:
+            raise SpecopsError(f"{model_dir}: shard(s) listed in the index are missing: {', '.join(missing)}")
+        paths = [model_dir / f for f in files]
+    else:
+        paths = sorted(model_dir.glob("*.safetensors"))
+    if not paths:
+        raise SpecopsError(f"{model_dir}: no *.safetensors weights found")
+    tensors = {}
+    for p in paths:
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types for a damaged file
+            raise SpecopsError(f"{p}: not a readable safetensors file ({e})") from None
+    return tensors
