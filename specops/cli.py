@@ -44,15 +44,17 @@ LORA_MODE = typer.Option("merged", "--lora-mode", help=f"{' or '.join(LORA_MODES
 DRAFT = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables speculative decoding.")
 GAMMA = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step (0 = plain decoding).")
 DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N.")
-DTYPE = typer.Option("float32", "--dtype", help=f"Weights and KV cache: {', '.join(DTYPES)}.")
+DTYPE = typer.Option("float32", "--dtype", help=f"Weights and KV cache: {', '.join(DTYPES)} (or fp32, bf16, fp16).")
 MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching).")
 MAX_SEQ_LEN = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request.")
+CUDA_GRAPHS = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                           help="On CUDA, replay each decode round as a captured CUDA graph.")
 
 
 def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: int,
-                  device: str, dtype: str, max_batch: int, max_seq_len: int) -> EngineConfig:
+                  device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool) -> EngineConfig:
     return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, device=device,
-                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len).validate()
+                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs).validate()
 
 
 @app.command()
@@ -68,11 +70,12 @@ def generate(
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (each request gets its own generator)."),
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
+    cuda_graphs: bool = CUDA_GRAPHS,
 ) -> None:
     """Decode a file of requests with the embedded engine (speculatively when --draft is given)."""
     from specops import generate as gen
 
-    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len)
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs)
     stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
                     max_tokens=max_tokens, seed=seed)
     typer.echo(f"wrote {out}", err=True)
@@ -95,6 +98,7 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Name clients send as 'model' (default: --model as given)."),
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
+    cuda_graphs: bool = CUDA_GRAPHS,
 ) -> None:
     """OpenAI-compatible HTTP server over the engine: /v1/completions, /v1/chat/completions, /metrics, /health."""
     import logging
@@ -102,7 +106,7 @@ def serve(
     from specops.serve.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len)
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name)
 
 

@@ -9,6 +9,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specops.models.attention import TorchAttention
 from specops.models.eagle3 import Eagle3Draft
 
 # The test models are a few 64-wide matrices: extra intra-op threads only add synchronisation, and on a shared
@@ -79,3 +80,19 @@ def bigram_draft(target: LlamaForCausalLM, engine_target) -> Eagle3Draft:
         draft.midlayer.mlp.down_proj.weight.zero_()
         draft.lm_head.weight.copy_(target.lm_head.weight * target.model.norm.weight)
     return draft
+
+
+def forward(model, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache=None, slots=None, **kw):
+    """One target forward from scratch over rows of tokens (positions 0.. and slots 0.. unless given)."""
+    b, t = tokens.shape
+    positions = torch.arange(t).expand(b, t) if positions is None else positions
+    slots = torch.arange(b) if slots is None else slots
+    cache = model.new_cache(b, int(positions.max()) + 1) if cache is None else cache
+    return model(tokens, cache, TorchAttention.build(slots, positions), **kw)
+
+
+def draft_forward(draft, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache, slots):
+    """The draft over rows of tokens; logits and pre-norm output shaped [B, T, ·] like the rows."""
+    b, t = tokens.shape
+    logits, prenorm = draft(tokens, hidden.reshape(b * t, -1), cache, TorchAttention.build(slots, positions))
+    return logits.view(b, t, -1), prenorm.view(b, t, -1)

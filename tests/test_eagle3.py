@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from engine_helpers import make_target
+from engine_helpers import draft_forward, forward, make_target
 from safetensors import safe_open
 
 from specops.engine.engine import Engine
@@ -125,8 +125,7 @@ def test_taps_are_the_residual_stream_entering_each_layer(target):
     _, hf, model = target
     tokens = torch.tensor([[5, 9, 13, 20, 7, 3]])
     ref = hf(tokens, output_hidden_states=True).hidden_states
-    cache = model.new_cache(1, 16)
-    logits, taps = model(tokens, torch.arange(6)[None], cache, torch.tensor([0]), (5, 2, 4))
+    logits, taps = forward(model, tokens, tap_layers=(5, 2, 4))
     want = torch.cat([ref[2], ref[4], ref[5]], dim=-1)  # ascending layer order, whatever order was asked
     assert torch.allclose(taps, want, rtol=1e-5, atol=1e-4)
     assert torch.allclose(logits, hf(tokens).logits, rtol=1e-5, atol=1e-4)
@@ -144,7 +143,8 @@ def reference_drafts(draft, hf, seq, gamma):
         out = []
         for _ in range(gamma):
             t = tokens.shape[1]
-            logits, prenorm = draft(tokens, hidden, torch.arange(t)[None], draft.new_cache(1, t), torch.tensor([0]))
+            logits, prenorm = draft_forward(draft, tokens, hidden, torch.arange(t)[None], draft.new_cache(1, t),
+                                            torch.tensor([0]))
             d = int(logits[0, -1].argmax())
             out.append(d)
             tokens = torch.cat([tokens, torch.tensor([[d]])], dim=1)
@@ -172,8 +172,8 @@ def test_proposals_match_a_cacheless_reference_across_rounds(target):
     while eng.has_unfinished():
         for so in eng.step():
             generated[so.request_id] += so.new_token_ids
-        for slot, req in eng.running.items():
+        for slot, req in eng.scheduler.running.items():
             seq = req.prompt + req.out
-            assert eng.drafts[slot].tolist() == reference_drafts(draft, hf, seq, 3)
+            assert eng.runner.drafts[slot].tolist() == reference_drafts(draft, hf, seq, 3)
             rounds += 1
     assert rounds >= 8

@@ -119,7 +119,7 @@ def test_more_requests_than_slots_join_as_slots_free(bigram_target):
         ref = hf_greedy(hf, p, m, eng.eos_token_ids)
         assert o.token_ids == ref
         assert o.finish_reason == ("stop" if ref[-1] in eng.eos_token_ids else "length")
-    assert not eng.has_unfinished() and sorted(eng.free_slots) == [0, 1, 2]
+    assert not eng.has_unfinished() and sorted(eng.scheduler.free_slots) == [0, 1, 2]
 
 
 @pytest.mark.skipif(not (FIXTURE / "config.json").is_file(), reason=f"fixture not built: {FIXTURE}")

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from engine_helpers import make_target, save_char_tokenizer
+from engine_helpers import forward, make_target, save_char_tokenizer
 from peft import LoraConfig, get_peft_model
 
 from specops.engine.engine import Engine
@@ -44,10 +44,10 @@ def test_unmerged_equals_merged_and_peft(lora_setup):
     out = {}
     for name, m in (("base", base), ("merged", merged), ("unmerged", unmerged)):
         with torch.no_grad():
-            out[name], _ = m(tokens, pos, m.new_cache(1, 16), torch.tensor([0]))
+            out[name], _ = forward(m, tokens, pos)
     # Fusing leaves layers that carry an unmerged adapter as they are (q, v, gate here) and stacks only plain ones.
     with torch.no_grad():
-        out["unmerged, fused"], _ = fuse_projections(unmerged)(tokens, pos, unmerged.new_cache(1, 16), torch.tensor([0]))
+        out["unmerged, fused"], _ = forward(fuse_projections(unmerged), tokens, pos)
     ref = peft_merged(tokens).logits
     assert torch.allclose(out["merged"], ref, atol=1e-4)
     assert torch.allclose(out["unmerged"], out["merged"], atol=1e-4)
@@ -159,19 +159,17 @@ def test_forward_matches_transformers_per_architecture(tmp_path, cls_name, kw):
     model, _ = load_target(tmp_path, max_len=128)
     tokens = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ours, _ = model(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64), torch.tensor([0, 1]))
+        ours, _ = forward(model, tokens)
         ref = hf(tokens).logits
-        fused, _ = fuse_projections(model)(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64),
-                                           torch.tensor([0, 1]))
+        fused, _ = forward(fuse_projections(model), tokens)
     assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-4)
     layer = model.model.layers[0]
     assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert torch.allclose(fused, ref, rtol=1e-4, atol=1e-4)
     with torch.no_grad():  # only the asked-for position's logits, as a prefill takes them
-        last, _ = model(tokens, torch.arange(40).expand(2, 40), model.new_cache(2, 64), torch.tensor([0, 1]),
-                        logits_at=torch.tensor([39, 17]))
-    assert last.shape == (2, 1, 64) and torch.allclose(last[:, 0], fused[[0, 1], [39, 17]], rtol=1e-5, atol=1e-5)
+        last, _ = forward(model, tokens, logits_at=torch.tensor([39, 40 + 17]))  # flat indices into the 2 × 40
+    assert last.shape == (2, 64) and torch.allclose(last, fused[[0, 1], [39, 17]], rtol=1e-5, atol=1e-5)
 
 
 def test_context_beyond_a_sliding_window_is_refused(tmp_path):

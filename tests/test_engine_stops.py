@@ -77,7 +77,7 @@ def test_streamed_steps_add_up_and_abort_frees_the_slot(spec_engine):
     for so in eng.step():  # admits r0, r1 (r2 waits: two slots)
         streamed[so.request_id] += so.new_token_ids
     eng.abort("r1")
-    assert len(eng.running) == 1 and eng.has_unfinished()
+    assert len(eng.scheduler.running) == 1 and eng.has_unfinished()
     while eng.has_unfinished():
         for so in eng.step():
             assert so.request_id != "r1"
@@ -89,7 +89,7 @@ def test_streamed_steps_add_up_and_abort_frees_the_slot(spec_engine):
     ref0, ref2 = free_run(spec_engine(4), PROMPTS[0], 25), free_run(spec_engine(4), PROMPTS[2], 25)
     assert finished["r0"].token_ids == ref0 and finished["r2"].token_ids == ref2
     assert streamed["r0"] == ref0 and streamed["r2"] == ref2
-    assert eng.free_slots == [0, 1]
+    assert eng.scheduler.free_slots == [0, 1]
 
 
 def test_invalid_requests_are_refused(spec_engine):

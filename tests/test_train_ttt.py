@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from engine_helpers import draft_forward
 
 from specops.models.eagle3 import Eagle3Draft
 from specops.models.llama import LlamaConfig, LlamaForCausalLM
@@ -49,12 +50,13 @@ def test_unroll_matches_the_serving_chain(setup):
     for n in (0, 4, t - steps - 1):
         cache, slots = draft.new_cache(2, 32), torch.arange(2)
         with torch.no_grad():
-            served, pre = draft(tokens[:, 1 : n + 2], draft.combine(taps[:, : n + 1]),
-                                torch.arange(n + 1).expand(2, -1), cache, slots)
+            served, pre = draft_forward(draft, tokens[:, 1 : n + 2], draft.combine(taps[:, : n + 1]),
+                                        torch.arange(n + 1).expand(2, -1), cache, slots)
             torch.testing.assert_close(served[:, -1, draft_ids], logits[0][:, n], atol=1e-4, rtol=1e-4)
             hidden = pre[:, -1:]
             for k in range(1, steps):
-                served, hidden = draft(tokens[:, n + 1 + k : n + 2 + k], hidden, torch.full((2, 1), n + k), cache, slots)
+                served, hidden = draft_forward(draft, tokens[:, n + 1 + k : n + 2 + k], hidden, torch.full((2, 1), n + k),
+                                               cache, slots)
                 torch.testing.assert_close(served[:, -1, draft_ids], logits[k][:, n], atol=1e-4, rtol=1e-4)
     assert (logits[1] - logits[0]).abs().max() > 1e-2  # the chain steps are not a copy of step 0
 

@@ -12,6 +12,7 @@ from specops.errors import SpecopsError
 
 LORA_MODES = ("merged", "unmerged")
 DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class EngineConfig:
     dtype: str = "float32"
     max_batch: int = 16
     max_seq_len: int = 1024
+    cuda_graphs: bool = True  # on CUDA, replay each decode round as a captured graph
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 → bfloat16
 
     def validate(self) -> "EngineConfig":
         """Refuse settings that cannot load, naming the flag; returns self."""
@@ -69,4 +74,6 @@ class EngineConfig:
             args += ["--lora", str(self.lora), "--lora-mode", self.lora_mode]
         if self.draft is not None:
             args += ["--draft", str(self.draft), "--gamma", str(self.gamma)]
+        if not self.cuda_graphs:
+            args.append("--no-cuda-graphs")
         return args

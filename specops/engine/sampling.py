@@ -1,8 +1,9 @@
-"""Sampling parameters and batched logits → probabilities.
+"""Sampling parameters, their per-slot device copy, random numbers, and batched logits → probabilities.
 
 Every row of a batch carries its own temperature / top-k / top-p, applied with tensor ops (no loop over rows).
-Randomness comes from one seeded ``torch.Generator`` per request that draws a fixed number of uniforms per step,
-so a request's output depends on its seed and prompt only, never on which other requests share the batch.
+Randomness is counter-based: the j-th uniform of a request's r-th round is a hash of (seed, r, j) computed on the
+device, so a request's output depends on its seed and prompt only, never on which other requests share the
+batch, and drawing numbers needs no generator state and no host work inside a step (it can be graph-captured).
 Sampling is inverse-CDF on those uniforms, which keeps the random stream independent of the vocabulary order
 chosen by any kernel.
 """
@@ -48,37 +49,92 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device="cpu") -> torch.Generator:
-        """The request's random stream: seeded if a seed is given, else from fresh system entropy."""
-        g = torch.Generator(device=device)
-        g.manual_seed(self.seed if self.seed is not None else random.SystemRandom().getrandbits(63))
-        return g
+    @property
+    def filters(self) -> bool:
+        """Whether top-k or top-p cuts the distribution (a sort over the vocabulary)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1)
+
+    def stream_seed(self) -> int:
+        """The seed of the request's random stream: the given one, else fresh system entropy."""
+        return (self.seed if self.seed is not None else random.SystemRandom().getrandbits(63)) % (1 << 63)
+
+
+class SamplingState:
+    """Each cache slot's sampling settings and random-stream position, on the device, written when a request is
+    admitted; a step gathers its rows' values from here, so it needs nothing from the host."""
+
+    def __init__(self, slots: int, device):
+        self.temperature = torch.zeros(slots, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(slots, dtype=torch.long, device=device)
+        self.top_p = torch.ones(slots, dtype=torch.float32, device=device)
+        self.seed = torch.zeros(slots, dtype=torch.long, device=device)
+        self.round = torch.zeros(slots, dtype=torch.long, device=device)  # rounds drawn so far
+
+    def admit(self, slots: list[int], params: list[SamplingParams]) -> None:
+        dev = self.seed.device
+        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        self.temperature[idx] = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+        self.top_k[idx] = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
+        self.top_p[idx] = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+        self.seed[idx] = torch.tensor([p.stream_seed() for p in params], dtype=torch.long, device=dev)
+        self.round[idx] = 0
+
+    def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """temperature, top_k, top_p of the given slots."""
+        return self.temperature[slots], self.top_k[slots], self.top_p[slots]
+
+    def draw(self, slots: torch.Tensor, n: int) -> torch.Tensor:
+        """The slots' next round of ``n`` uniforms [len(slots), n], advancing their streams by one round."""
+        u = uniforms(self.seed[slots], self.round[slots], n)
+        self.round[slots] += 1
+        return u
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32) on int64 tensors holding values below 2³²: every product stays
+    below 2⁶³, so it is exact and the same on every device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def uniforms(seeds: torch.Tensor, rounds: torch.Tensor, n: int) -> torch.Tensor:
+    """Uniforms in [0, 1) [B, n]: element j of row b hashes (seeds[b], rounds[b], j); 24 random bits each."""
+    h = _mix32(seeds & _M32)
+    h = _mix32(h ^ ((seeds >> 32) & _M32))
+    h = _mix32((h + (rounds & _M32) * 0x9E3779B9) & _M32)
+    j = torch.arange(n, dtype=torch.long, device=seeds.device)
+    x = _mix32((h.unsqueeze(-1) + (j + 1) * 0x85EBCA6B) & _M32)
+    return (x >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def logits_to_probs(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, filtering: bool = True
 ) -> torch.Tensor:
     """Distribution a sampler draws from, row by row.
 
     logits: [B, ..., V]; temperature, top_k, top_p: [B] (greedy rows: temperature 0 → one-hot argmax; top_k <= 0:
     no limit). Order as in vLLM: temperature, then top-k, then top-p over the renormalised top-k set (the smallest
-    set of most likely tokens whose mass reaches top_p; the most likely token is always kept). Only rows that
-    filter pay for the sort, and a row's result never depends on the other rows of the batch.
+    set of most likely tokens whose mass reaches top_p; the most likely token is always kept). ``filtering``
+    False (the caller knows no row cuts) skips the sort. A row's result never depends on the other rows of the
+    batch, and nothing here reads a value back to the host.
     """
     b, v = logits.shape[0], logits.shape[-1]
     shape = (b,) + (1,) * (logits.dim() - 1)
     logits = logits.float()
     greedy = temperature == 0
     onehot = torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    if bool(greedy.all()):
-        return onehot
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).view(shape).float()
     scaled = logits / temp
     probs = scaled.softmax(dim=-1)
-    filtered = ((top_k > 0) & (top_k < v) | (top_p < 1)) & ~greedy
-    if bool(filtered.any()):
-        rows = filtered.nonzero().squeeze(1)
-        probs[rows] = _filtered_probs(scaled[rows], top_k[rows], top_p[rows])
+    if filtering:
+        filtered = ((top_k > 0) & (top_k < v) | (top_p < 1)) & ~greedy
+        probs = torch.where(filtered.view(shape), _filtered_probs(scaled, top_k, top_p), probs)
     return torch.where(greedy.view(shape), onehot, probs)
 
 

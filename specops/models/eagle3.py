@@ -21,8 +21,9 @@ from torch import nn
 
 from specops.errors import SpecopsError
 from specops.files import load_safetensors_dir, read_json, save_safetensors
+from specops.models import ops
 from specops.models.kv_cache import KVCache
-from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary, StepMeta
+from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -52,12 +53,13 @@ class Eagle3Layer(nn.Module):
         self.mlp = MLP(cfg)
         self.norm_before_residual = norm_before_residual
 
-    def forward(self, embeds, hidden, cache, meta: StepMeta):
+    def forward(self, embeds, hidden, cache, meta, rope):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        residual = residual + self.self_attn(x, cache, 0, meta)
-        return residual + self.mlp(self.post_attention_layernorm(residual))
+        post = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(self.self_attn(x, cache, 0, meta, rope), residual, post.weight, post.eps)
+        return residual + self.mlp(h)
 
 
 class Eagle3Draft(nn.Module):
@@ -224,17 +226,18 @@ class Eagle3Draft(nn.Module):
         """Fuse the target's three taps [.., 3·H_target] into the draft's hidden [.., H]."""
         return self.fc(taps)
 
-    def forward(self, tokens, hidden, positions, cache: KVCache, slots, full_vocab: bool = True,
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache, meta, full_vocab: bool = True,
                 at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens, positions: [B, T]; hidden: [B, T, H] (fc output or a previous pre-norm output).
-        Returns (logits, pre-norm [B, T, H]): logits over the target vocabulary [B, T, V] with −inf outside the
-        draft vocabulary, or with ``full_vocab=False`` over the draft vocabulary [B, T, V_draft] (map ids with
-        ``to_target``), which is all an argmax needs. ``at`` [B]: only that position's logits per row ([B, 1, ·])
-        and pre-norm ([B, 1, H])."""
-        embeds = self.embed(tokens)
-        prenorm = self.midlayer(embeds, hidden, cache, StepMeta.build(self.rotary, slots, positions, embeds.dtype))
+        """tokens: [B, T]; hidden: [B·T, H] (fc output, or a previous step's pre-norm output); ``meta``: the attention
+        metadata of these tokens. Returns (logits, pre-norm [B·T, H]): logits over the target vocabulary [B·T, V]
+        with −inf outside the draft vocabulary, or with ``full_vocab=False`` over the draft vocabulary
+        [B·T, V_draft] (map ids with ``to_target``), which is all an argmax needs. ``at`` [K]: indices into the
+        B·T tokens whose logits and pre-norm alone are returned ([K, ·])."""
+        embeds = self.embed(tokens.reshape(-1))
+        prenorm = self.midlayer(embeds, hidden.reshape(embeds.shape[0], -1), cache, meta,
+                                meta.rope(self.rotary, embeds.dtype))
         if at is not None:
-            prenorm = prenorm[torch.arange(prenorm.shape[0], device=prenorm.device), at].unsqueeze(1)
+            prenorm = prenorm[at]
         draft_logits = self.lm_head(self.norm(prenorm))
         if not full_vocab:
             return draft_logits, prenorm

@@ -3,10 +3,10 @@
 One forward covers Llama 2/3.x (incl. ``rope_type: llama3``), Llama-based Nemotron, Mistral, Qwen2 (q/k/v bias)
 and Qwen3 (per-head q_norm/k_norm). Module names follow Hugging Face's, so a checkpoint's state dict loads as is.
 
-The forward takes tokens ``[B, T]`` with explicit positions ``[B, T]`` and the cache slot of each row, writes the
-new keys/values into the cache and attends to every cached key whose position is <= the query's position. That
-rule makes padding and rejected speculative tokens harmless: they sit at positions beyond a row's valid length and
-are overwritten before any later query can reach them, so rollback is only a length reset.
+The forward takes tokens ``[B, T]`` and the attention metadata of the forward (``models.attention``: which cache
+slot and position each token has), writes the new keys/values into the cache and attends over it. Hidden states
+flow token-major ([B·T, H]); the residual stream and the normed sublayer inputs are kept apart so the CUDA path
+can fuse each residual add with the norm that follows it (``models.ops``).
 
 ``tap_layers`` returns the EAGLE-3 taps with vLLM's meaning: for layer id ``i`` the residual stream entering
 layer ``i`` (the embedding for ``i = 0``, Hugging Face's ``hidden_states[i]``), concatenated in ascending layer order.
@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specops.errors import SpecopsError
+from specops.models import ops
+from specops.models.attention import rotate
 from specops.models.kv_cache import KVCache
 
 SUPPORTED_ARCHITECTURES = {
@@ -149,11 +151,6 @@ class Rotary(nn.Module):
         return rotate(x, *self.tables(positions, x.dtype))
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -161,48 +158,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementations, so bf16 runs round the same way.
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-@dataclass
-class StepMeta:
-    """What every attention layer of one forward shares, computed once per forward instead of once per layer.
-
-    ``read`` indexes the cache rows to attend over: a slice (a view, no copy) when the batch's slots are
-    consecutive in order, else the slot tensor (a gather). Keys are read up to the largest query position of the
-    batch, which bounds work by the live context rather than by the cache's capacity; ``mask`` applies the
-    key-position <= query-position rule.
-    """
-
-    slots: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B, T]
-    read: slice | torch.Tensor
-    span: int
-    mask: torch.Tensor  # [B, 1, T, span] bool
-    cos: torch.Tensor  # [B, T, 1, head_dim]
-    sin: torch.Tensor
-
-    @classmethod
-    def build(cls, rotary: "Rotary", slots: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> "StepMeta":
-        ids = slots.tolist()
-        consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
-        read = slice(ids[0], ids[0] + len(ids)) if consecutive else slots
-        span = int(positions.max()) + 1
-        key_pos = torch.arange(span, device=positions.device)
-        mask = key_pos.view(1, 1, 1, span) <= positions.view(positions.shape[0], 1, -1, 1)
-        return cls(slots, positions, read, span, mask, *rotary.tables(positions, dtype))
-
-
-def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
-                     meta: StepMeta) -> torch.Tensor:
-    """Write k/v at (slot, position), attend over the cache. q: [B, T, H, D]; k, v: [B, T, KV, D] → [B, T, H*D]."""
-    cache.write(layer, meta.slots, meta.positions, k, v)
-    keys, values = cache.read(layer, meta.read, meta.span)  # [B, KV, S, D]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=meta.mask, enable_gqa=q.shape[2] != keys.shape[1]
-    )
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -225,21 +181,18 @@ class Attention(nn.Module):
         """Serve q, k and v from one matmul over their stacked weights (the checkpoint layout is gone after)."""
         self.qkv_proj = _stacked(self, "q_proj", "k_proj", "v_proj") or self.qkv_proj
 
-    def forward(self, x, cache: KVCache, layer: int, meta: StepMeta):
-        b, t, _ = x.shape
-        h, kv = self.n_heads, self.n_kv
+    def forward(self, x: torch.Tensor, cache: KVCache, layer: int, meta, rope) -> torch.Tensor:
+        """x: [N, in] → [N, H]; ``meta``/``rope``: the forward's attention metadata and this model's rotary."""
+        h, kv, d = self.n_heads, self.n_kv, self.head_dim
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x)
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        qkv = qkv.view(b, t, h + 2 * kv, self.head_dim)
         if self.qk_norm:
-            qk = torch.cat([self.q_norm(qkv[:, :, :h]), self.k_norm(qkv[:, :, h : h + kv])], dim=2)
-        else:
-            qk = qkv[:, :, : h + kv]
-        qk = rotate(qk, meta.cos, meta.sin)  # q and k heads in one pass
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
-        return self.o_proj(cached_attention(q, k, v, cache, layer, meta))
+            heads = qkv.view(-1, h + 2 * kv, d)
+            qkv = torch.cat([self.q_norm(heads[:, :h]), self.k_norm(heads[:, h : h + kv]), heads[:, h + kv :]],
+                            dim=1).view(qkv.shape)
+        return self.o_proj(meta.attend(qkv, h, kv, d, cache, layer, rope))
 
 
 class MLP(nn.Module):
@@ -257,10 +210,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def _stacked(module: nn.Module, *names: str) -> nn.Linear | None:
@@ -298,9 +249,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cache, layer, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cache, layer, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, normed, residual, cache, layer: int, meta, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """``normed``: input_layernorm of ``residual``, the stream entering the layer. Returns the MLP's output
+        and the stream after attention (their sum is the stream leaving the layer)."""
+        h = self.self_attn(normed, cache, layer, meta, rope)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -330,24 +284,32 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self,
         tokens: torch.Tensor,
-        positions: torch.Tensor,
         cache: KVCache,
-        slots: torch.Tensor,
+        meta,
         tap_layers: tuple[int, ...] = (),
         logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens, positions: [B, T]; slots: [B]. Returns logits [B, T, V] and taps [B, T, len(tap_layers)·H] or None.
+        """tokens: [B, T]; ``meta``: the forward's attention metadata (``models.attention``). Returns logits
+        [B, T, V] and the taps [B, T, len(tap_layers)·H] (None without tap layers).
 
-        ``logits_at`` [B]: the one position per row whose logits are wanted (a prefill's last prompt token); the
-        logits are then [B, 1, V] and the LM head skips every other row."""
-        x = self.model.embed_tokens(tokens)
-        meta = StepMeta.build(self.rotary, slots, positions, x.dtype)
-        taps = []
+        ``logits_at`` [K]: indices into the flattened B·T tokens whose logits alone are wanted (a prefill's last
+        prompt tokens); the logits are then [K, V] and the LM head skips every other token."""
+        b, t = tokens.shape
+        h = self.model.embed_tokens(tokens.reshape(-1))
+        rope = meta.rope(self.rotary, h.dtype)
+        residual, taps = None, []
         for i, layer in enumerate(self.model.layers):
+            ln = layer.input_layernorm
+            if residual is None:
+                residual, normed = h, ln(h)
+            else:
+                normed, residual = ops.add_rms_norm(h, residual, ln.weight, ln.eps)
             if i in tap_layers:
-                taps.append(x)
-            x = layer(x, cache, i, meta)
+                taps.append(residual)
+            h, residual = layer(normed, residual, cache, i, meta, rope)
         if logits_at is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), logits_at].unsqueeze(1)
-        logits = self.lm_head(self.model.norm(x))
-        return logits, (torch.cat(taps, dim=-1) if taps else None)
+            h, residual = h[logits_at], residual[logits_at]
+        logits = self.lm_head(self.model.norm(residual + h))
+        if logits_at is None:
+            logits = logits.view(b, t, -1)
+        return logits, (torch.cat(taps, dim=-1).view(b, t, -1) if taps else None)

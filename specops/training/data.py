@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from specops.errors import SpecopsError
+from specops.models.attention import TorchAttention
 
 SHARD = 64  # prompts per shard: small enough that an interrupted shard costs little to redo
 FEATURE_DTYPE = torch.bfloat16  # what EAGLE-3 trainers store; halves the cache
@@ -127,16 +128,15 @@ def forward_features(target, token_rows: list[list[int]], tap_layers: tuple[int,
         tokens[r, : len(row)] = torch.tensor(row)
     tokens = tokens.to(device)
     positions = torch.arange(width, device=device).expand_as(tokens)
-    cache = target.new_cache(len(token_rows), width)
-    slots = torch.arange(len(token_rows), device=device)
+    meta = TorchAttention.build(torch.arange(len(token_rows), device=device), positions)
     captured = {}
     hook = target.model.norm.register_forward_hook(lambda m, args, out: captured.setdefault("final", args[0]))
     try:
-        _, taps = target(tokens, positions, cache, slots, tap_layers=tap_layers)
+        _, taps = target(tokens, target.new_cache(len(token_rows), width), meta, tap_layers=tap_layers)
     finally:
         hook.remove()
-    return [Features(taps[r, : len(row)].float(), captured["final"][r, : len(row)].float())
-            for r, row in enumerate(token_rows)]
+    final = captured["final"].view(len(token_rows), width, -1)
+    return [Features(taps[r, : len(row)].float(), final[r, : len(row)].float()) for r, row in enumerate(token_rows)]
 
 
 def capture(target, examples: list[Example], tap_layers: tuple[int, ...], cache: ShardCache, device,

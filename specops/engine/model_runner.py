@@ -1,0 +1,219 @@
+"""The model runner: where "run the model" happens. It owns the KV caches, every per-slot buffer and the CUDA
+graphs, and runs the two kinds of step the scheduler asks for.
+
+- ``prefill``: new requests' prompts in one forward (packed back to back on the fused CUDA path, padded rows on
+  the torch path), the first token, and the first drafts.
+- ``decode``: one round for the running requests: a target forward over each row's last token and its γ
+  drafts, verification (rejection sampling) of all rows at once, then the next γ drafts. State between rounds
+  stays on the device in per-slot tensors (the token not yet in the cache, the cache length, the pending drafts
+  with the distributions they were drawn from, the sampling settings), so a round needs from the host only the
+  slot of each row, and gives back one small tensor: the accepted count and tokens of each row.
+
+A round is a fixed-shape function of those buffers. With the fused kernels on CUDA it is captured as a CUDA
+graph per (batch bucket, sampling mode) and replayed: the batch is padded up to its bucket with rows that point
+at a scratch slot nobody owns, so padding never touches a request's cache. Requests under a grammar need host
+work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specops.engine.proposer import DraftInput, Eagle3Proposer
+from specops.engine.sampling import SamplingParams, SamplingState, logits_to_probs, mask_logits_, sample_from
+from specops.engine.verify import verify
+from specops.models import attention, kernels
+from specops.models.eagle3 import Eagle3Draft
+from specops.models.llama import LlamaForCausalLM, Rotary
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a batch's sampling needs (decided on the host from its requests; one graph per mode)."""
+
+    sampled: bool = False  # some row samples (temperature > 0): distributions and uniforms are needed
+    filtering: bool = False  # some row cuts with top-k / top-p: a sort over the vocabulary
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> "Mode":
+        return cls(any(not p.greedy for p in params), any(p.filters for p in params))
+
+
+def buckets(max_batch: int) -> list[int]:
+    """Padded batch sizes a graph is captured for: powers of two up to ``max_batch``, and ``max_batch``."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return sizes + [max_batch]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, draft: Eagle3Draft | None, gamma: int, max_batch: int,
+                 max_seq_len: int, cuda_graphs: bool = True, bucket_padding: bool | None = None):
+        self.model, self.draft, self.gamma = model, draft, gamma
+        self.device = model.model.embed_tokens.weight.device
+        self.fused = kernels.enabled(self.device) and kernels.supports(model.config.head_dim) and (
+            draft is None or kernels.supports(draft.cfg.head_dim))
+        self.use_graphs = cuda_graphs and self.fused and self.device.type == "cuda"
+        pad = self.use_graphs if bucket_padding is None else bucket_padding
+        self.buckets = buckets(max_batch) if pad else None
+        # Verification writes γ + 1 positions past the context and drafting γ more: room for both past max_seq_len.
+        capacity = max_seq_len + 2 * gamma + 2
+        for m, cfg in ((model, model.config), (draft, draft.cfg if draft is not None else None)):
+            if m is not None and m.rotary.cos.shape[0] < capacity:
+                m.rotary = Rotary(cfg, capacity).to(self.device)
+        self.scratch = max_batch  # the slot padding rows read and write
+        slots, dev, v = max_batch + 1, self.device, model.config.vocab_size
+        self.cache = model.new_cache(slots, capacity)
+        self.proposer = Eagle3Proposer(draft, gamma, slots, capacity) if draft is not None else None
+        self.tap_layers = draft.tap_layers if draft is not None else ()
+        self.last_token = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.ctx_len = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.drafts = torch.zeros(slots, gamma, dtype=torch.long, device=dev)
+        self.draft_probs = torch.zeros(slots, gamma, v, dtype=torch.float32, device=dev)
+        self.sampling = SamplingState(slots, dev)
+        self.row_slots = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
+        self._steps = torch.arange(gamma + 1, device=dev)
+        self._graphs: dict[tuple[int, Mode], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    # -- prefill ------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, slots: list[int], prompts: list[list[int]], params: list[SamplingParams],
+                constraints: list | None = None) -> list[int]:
+        """Admit requests into ``slots``: write their prompts to the caches, sample each first token, draft the
+        first γ tokens. Returns the first tokens."""
+        b, g, dev = len(slots), self.gamma, self.device
+        self.sampling.admit(slots, params)
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        slot_t = torch.tensor(slots, device=dev)
+        if self.fused:  # packed: no padding anywhere
+            flat = [t for p in prompts for t in p]
+            tokens = torch.tensor(flat, device=dev).unsqueeze(0)
+            meta = attention.TritonAttention.packed(slots, [len(p) for p in prompts], dev)
+            last = lens.cumsum(0) - 1
+        else:  # rows padded to the longest prompt (the torch path reads keys by row)
+            t = max(len(p) for p in prompts)
+            tokens = torch.zeros(b, t, dtype=torch.long, device=dev)
+            for i, p in enumerate(prompts):
+                tokens[i, : len(p)] = torch.tensor(p, device=dev)
+            meta = attention.TorchAttention.build(slot_t, torch.arange(t, device=dev).expand(b, t))
+            last = torch.arange(b, device=dev) * t + lens - 1
+        logits, taps = self.model(tokens, self.cache, meta, self.tap_layers, logits_at=last)
+        if constraints is not None:
+            for i, c in enumerate(constraints):
+                if c is not None:
+                    mask_logits_(logits[i], c.mask())
+        mode = Mode.of(params)
+        temperature, top_k, top_p = self.sampling.rows(slot_t)
+        u = self.sampling.draw(slot_t, 1 + g) if mode.sampled else None
+        if mode.sampled:
+            first = sample_from(logits_to_probs(logits, temperature, top_k, top_p, mode.filtering), u[:, 0])
+        else:
+            first = logits.argmax(dim=-1)
+        self.ctx_len[slot_t] = lens
+        self.last_token[slot_t] = first
+        if self.proposer is not None:
+            shifted = torch.cat([tokens[:, 1:], tokens.new_zeros(tokens.shape[0], 1)], dim=1).reshape(-1)
+            shifted[last] = first  # the token after each prompt's last position
+            guides = None
+            if constraints is not None:
+                guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
+            inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
+                             None if u is None else u[:, 1:], mode.filtering, guides)
+            self._store_drafts(slot_t, *self.proposer.propose(inp, self._meta_for))
+        return first.tolist()
+
+    # -- decode rounds ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], mode: Mode, constraints: list | None = None) -> tuple[list[int], list[list[int]]]:
+        """One round for the requests in ``slots``: per row the number of accepted drafts n and the γ + 1 tokens
+        whose first n + 1 are emitted (n accepted drafts, then the correction or bonus token)."""
+        b = len(slots)
+        padded = b if self.buckets is None else next(s for s in self.buckets if s >= b)
+        rows = slots + [self.scratch] * (padded - b)
+        self.row_slots[:padded].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
+        if constraints is not None:
+            result = self._round(padded, mode, constraints + [None] * (padded - b))
+        elif self.use_graphs:
+            result = self._replay(padded, mode)
+        else:
+            result = self._round(padded, mode)
+        host = result[:b].tolist()  # the round's one read back to the host
+        return [r[0] for r in host], [r[1:] for r in host]
+
+    def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
+        return attention.for_rows(self.fused, slots, positions)
+
+    def _round(self, b: int, mode: Mode, constraints: list | None = None) -> torch.Tensor:
+        """Verify and re-draft rows ``row_slots[:b]``; returns [b, 1 + γ + 1]: n, then the tokens. Device work only
+        unless ``constraints`` (grammar masks are computed on the host from the drafts and the emitted tokens)."""
+        g = self.gamma
+        self.ctx_len[self.scratch :].zero_()  # padding rows start from position 0 every round
+        rows = self.row_slots[:b]
+        drafts = self.drafts[rows]
+        tokens = torch.cat([self.last_token[rows].unsqueeze(1), drafts], dim=1)
+        positions = self.ctx_len[rows].unsqueeze(1) + self._steps
+        meta = self._meta_for(rows, positions)
+        logits, taps = self.model(tokens, self.cache, meta, self.tap_layers)
+        if constraints is not None:  # before verification: lossless w.r.t. the constrained distribution
+            for i, (c, row) in enumerate(zip(constraints, drafts.tolist())):
+                if c is not None:
+                    mask_logits_(logits[i], c.verification_masks(row))
+        temperature, top_k, top_p = self.sampling.rows(rows)
+        greedy = temperature == 0
+        if mode.sampled:
+            probs = logits_to_probs(logits, temperature, top_k, top_p, mode.filtering)
+            u = self.sampling.draw(rows, 2 * g + 1)
+            n, out = verify(logits, probs, drafts, self.draft_probs[rows], greedy, u[:, :g], u[:, g])
+            u_draft = u[:, g + 1 :]
+        else:  # no distributions or random draws needed
+            n, out = verify(logits, None, drafts, None, greedy, None, None)
+            u_draft = None
+        index = torch.arange(b, device=rows.device)
+        self.ctx_len[rows] += n + 1
+        self.last_token[rows] = out[index, n]
+        if self.proposer is not None:
+            guides = None
+            if constraints is not None:
+                emitted = [row[: k + 1] for row, k in zip(out.tolist(), n.tolist())]
+                guides = [c.drafting(e) if c is not None else None for c, e in zip(constraints, emitted)]
+            inp = DraftInput(out, taps, meta, index * (g + 1) + n, positions[index, n], rows, temperature, top_k,
+                             top_p, u_draft, mode.filtering, guides)
+            self._store_drafts(rows, *self.proposer.propose(inp, self._meta_for))
+        return torch.cat([n.unsqueeze(1), out], dim=1)
+
+    def _store_drafts(self, slots: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
+        """Pending drafts for the next verification; their distributions only matter to sampling rows."""
+        self.drafts[slots] = drafts
+        if probs is not None:
+            self.draft_probs[slots] = probs
+
+    # -- CUDA graphs --------------------------------------------------------------------------------------------
+
+    def _replay(self, b: int, mode: Mode) -> torch.Tensor:
+        if (b, mode) not in self._graphs:
+            self._graphs[(b, mode)] = self._capture(b, mode)
+        graph, out = self._graphs[(b, mode)]
+        graph.replay()
+        return out
+
+    def _capture(self, b: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture one round for ``b`` rows. The warm-up run (kernel compilation, library handles) uses padding
+        rows only, so no request's state moves; capturing itself runs nothing."""
+        live = self.row_slots[:b].clone()
+        self.row_slots[:b].fill_(self.scratch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._round(b, mode)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._round(b, mode)
+        self.row_slots[:b].copy_(live)
+        return graph, out

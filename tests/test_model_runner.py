@@ -1,0 +1,124 @@
+"""The model runner's step functions on the CPU: bucket padding and the fused path change no output, the device
+random numbers are well-behaved, and batched verification equals a row-by-row reference verifier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import bigram_draft, make_target
+from scipy.stats import kstest
+
+from specops.engine.engine import Engine
+from specops.engine.model_runner import buckets
+from specops.engine.sampling import SamplingParams, logits_to_probs, sample_from, uniforms
+from specops.engine.verify import verify
+from specops.models import kernels
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runner-target")
+    return d, make_target(d, seed=3, bigram=0.005, kv_heads=2)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 48, (int(k),), generator=g).tolist() for k in torch.randint(2, 12, (n,), generator=g)]
+
+
+def build(model_dir, hf, gamma: int, **kw) -> Engine:
+    base = Engine.load(model_dir, gamma=0, max_batch=8, max_seq_len=64)
+    draft = bigram_draft(hf, base.model) if gamma else None
+    return Engine(base.model, base.tokenizer, draft=draft, gamma=gamma, max_batch=8, max_seq_len=64,
+                  eos_token_ids=base.eos_token_ids, **kw)
+
+
+def run(engine: Engine, ps, params) -> list:
+    return [(o.token_ids, o.spec.to_dict()) for o in engine.generate(ps, params)]
+
+
+def test_buckets_cover_every_batch_size():
+    assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(12) == [1, 2, 4, 8, 12]
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_bucket_padding_never_changes_outputs(target, gamma, temperature):
+    """Five requests padded to a batch of 8 (three rows on the scratch slot), then fewer as they finish."""
+    model_dir, hf = target
+    ps = prompts(5)
+    params = [SamplingParams(temperature=temperature, top_k=20 if i % 2 else 0, max_tokens=8 + 3 * i, seed=i)
+              for i in range(5)]
+    exact = run(build(model_dir, hf, gamma), ps, params)
+    padded_engine = build(model_dir, hf, gamma, bucket_padding=True)
+    assert padded_engine.runner.buckets == [1, 2, 4, 8]
+    assert run(padded_engine, ps, params) == exact
+
+
+@pytest.mark.skipif(not kernels.available(), reason="Triton is not installed")
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_fused_path_equals_the_reference_path(target, gamma, monkeypatch):
+    """The CUDA path's kernels, packed prefill and padded rounds (in Triton's interpreter) give the torch path's
+    tokens: greedy and seeded sampling."""
+    model_dir, hf = target
+    ps = prompts(3, seed=1)
+    params = [SamplingParams(temperature=0.0, max_tokens=10), SamplingParams(temperature=0.9, max_tokens=10, seed=4),
+              SamplingParams(temperature=0.0, max_tokens=6)]
+    reference = run(build(model_dir, hf, gamma), ps, params)
+    monkeypatch.setenv("SPECOPS_FUSED_KERNELS", "1")
+    fused = build(model_dir, hf, gamma, bucket_padding=True)
+    assert fused.runner.fused and not fused.runner.use_graphs
+    assert run(fused, ps, params) == reference
+
+
+def test_uniforms_are_a_function_of_seed_round_and_index():
+    seeds = torch.tensor([0, 1, 2**62 + 5, 12345])
+    rounds = torch.tensor([0, 0, 7, 3])
+    u = uniforms(seeds, rounds, 9)
+    assert u.shape == (4, 9) and float(u.min()) >= 0 and float(u.max()) < 1
+    assert torch.equal(u[2:3], uniforms(seeds[2:3], rounds[2:3], 9))  # a row depends on nothing else
+    assert not torch.equal(u[0], u[1]) and not torch.equal(uniforms(seeds, rounds + 1, 9), u)
+    many = uniforms(torch.arange(2000), torch.zeros(2000, dtype=torch.long), 8).flatten().numpy()
+    assert kstest(many, "uniform").pvalue > 1e-3
+    assert abs(np.corrcoef(many[0::8], many[1::8])[0, 1]) < 0.05  # neighbouring draws are not correlated
+
+
+def reference_verify(p: np.ndarray, q: np.ndarray, drafts: list[int], greedy: bool, u: list[float], u_last: float):
+    """Leviathan et al. row by row: accept draft x with probability min(1, p(x)/q(x)); at the first rejection
+    sample from norm(max(0, p - q)), after the last draft from p (greedy: argmax comparisons)."""
+    out = []
+    for i, x in enumerate(drafts):
+        if greedy:
+            ok = int(p[i].argmax()) == x
+        else:
+            ok = q[i, x] > 0 and u[i] < min(1.0, p[i, x] / q[i, x])
+        if not ok:
+            if greedy:
+                return i, out + [int(p[i].argmax())]
+            r = np.maximum(p[i] - q[i], 0)
+            r = r / r.sum() if r.sum() > 0 else p[i]
+            return i, out + [int(sample_from(torch.tensor(r), torch.tensor(u_last)))]
+        out.append(x)
+    last = p[len(drafts)]
+    return len(drafts), out + [int(last.argmax()) if greedy else int(sample_from(torch.tensor(last),
+                                                                                  torch.tensor(u_last)))]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_verification_equals_the_row_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, gamma, v = 6, 3, 11
+    logits = torch.randn(b, gamma + 1, v, generator=g) * 2
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.0, 1.3, 0.9])
+    probs = logits_to_probs(logits, temperature, torch.tensor([0, 0, 4, 0, 0, 0]), torch.tensor([1, 1, 1, 1, .8, 1.]))
+    q = torch.softmax(torch.randn(b, gamma, v, generator=g), -1)
+    drafts = torch.stack([sample_from(q[:, k], torch.rand(b, generator=g)) for k in range(gamma)], 1)
+    drafts[0] = logits[0, :gamma].argmax(-1)  # a greedy row that accepts everything
+    u = uniforms(torch.arange(b) + 100 * seed, torch.zeros(b, dtype=torch.long), gamma + 1)
+    greedy = temperature == 0
+    n, out = verify(logits, probs, drafts, q, greedy, u[:, :gamma], u[:, gamma])
+    for i in range(b):
+        k, tokens = reference_verify(probs[i].numpy(), q[i].numpy(), drafts[i].tolist(),
+                                     bool(greedy[i]), u[i, :gamma].tolist(), float(u[i, gamma]))
+        assert (int(n[i]), out[i, : k + 1].tolist()) == (k, tokens)
