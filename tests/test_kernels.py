@@ -101,3 +101,31 @@ def test_a_query_s_result_does_not_depend_on_its_block():
                                                                                             rope)
     single = TritonAttention.rows(torch.tensor([1]), torch.tensor([[12]])).attend(qkv[:1], h, kv, d, cache, 0, rope)
     assert torch.equal(block[:1], single)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_row_linear_matches_f_linear_and_ignores_the_other_rows(dtype):
+    x, w, b = rnd(5, 300, dtype=dtype), rnd(70, 300, dtype=dtype, seed=1, scale=0.1), rnd(70, dtype=dtype, seed=2)
+    got = kernels.linear(x, w, b)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), **TOL[dtype])
+    assert torch.equal(kernels.linear(x[2:3], w, b), got[2:3])  # a row's result is the same alone or in a batch
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_split_key_attention_matches_and_is_block_invariant(t, monkeypatch):
+    """Keys split into fixed chunks (as decode steps at small batch run): the reference's result, and a query
+    alone gives bit for bit what it gives inside a verification block."""
+    monkeypatch.setattr(kernels, "SPLIT_BELOW", 1 << 20)
+    monkeypatch.setattr(kernels, "SPLIT_CHUNK", 16)
+    h, kv, d = 4, 2, 32
+    slots = torch.tensor([2, 0])
+    positions = torch.tensor([[20], [3]]) + torch.arange(t)
+    qkv = rnd(2 * t, (h + 2 * kv) * d, seed=9)
+    rope = Rope(48, d)
+    ref_cache, cache = caches(torch.float32)
+    ref = TorchAttention.build(slots, positions)
+    want = ref.attend(qkv, h, kv, d, ref_cache, 0, ref.rope(rope, torch.float32))
+    got = TritonAttention.rows(slots, positions).attend(qkv, h, kv, d, cache, 0, rope)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    alone = TritonAttention.rows(slots[:1], positions[:1, :1]).attend(qkv[:1], h, kv, d, cache, 0, rope)
+    assert torch.equal(alone, got[:1])

@@ -81,6 +81,7 @@ class TritonAttention:
     blk_seq: torch.Tensor  # [NB]
     blk_q0: torch.Tensor
     block_t: int
+    split: bool = False  # rows (decode steps) may split the keys into chunks; a packed prefill never does
 
     @classmethod
     def rows(cls, slots: torch.Tensor, positions: torch.Tensor) -> "TritonAttention":
@@ -92,7 +93,7 @@ class TritonAttention:
         return cls(slots.view(b, 1).expand(b, t).contiguous().view(-1), positions.contiguous().view(-1),
                    slots.contiguous(), positions[:, 0].contiguous(), arange * t,
                    torch.full((b,), t, dtype=torch.long, device=dev), arange, torch.zeros(b, dtype=torch.long, device=dev),
-                   max(1, 1 << (t - 1).bit_length()))
+                   max(1, 1 << (t - 1).bit_length()), split=True)
 
     @classmethod
     def packed(cls, slots: list[int], lengths: list[int], device, block_t: int = 16) -> "TritonAttention":
@@ -116,7 +117,7 @@ class TritonAttention:
         q = kernels.rope_store(qkv, self.tok_pos, self.tok_slot, rope.cos, rope.sin, k_cache, v_cache, n_heads, n_kv,
                                head_dim)
         return kernels.cached_attention(q, k_cache, v_cache, self.seq_slot, self.seq_pos0, self.seq_qstart,
-                                        self.seq_qlen, self.blk_seq, self.blk_q0, self.block_t)
+                                        self.seq_qlen, self.blk_seq, self.blk_q0, self.block_t, self.split)
 
 
 def for_rows(fused: bool, slots: torch.Tensor, positions: torch.Tensor):

@@ -101,16 +101,21 @@ if triton is not None:
             tl.store(VC + at + dd, tl.load(v + dd).to(VC.dtype.element_ty))
 
     @triton.jit
-    def _cached_attention(Q, KC, VC, O, SEQ_SLOT, SEQ_POS0, SEQ_QSTART, SEQ_QLEN, BLK_SEQ, BLK_Q0,
+    def _cached_attention(Q, KC, VC, O, WS_ACC, WS_ML, SEQ_SLOT, SEQ_POS0, SEQ_QSTART, SEQ_QLEN, BLK_SEQ, BLK_Q0,
                           stride_slot, stride_kvh, stride_pos, sm_scale,
                           N_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE: tl.constexpr):
-        """One program per (query block, kv head). A query block is up to BLOCK_T consecutive query tokens of one
-        sequence; its tile rows are (token, query head of this kv head) pairs. Query token i of a sequence sits at
-        position pos0 + i and attends every cached key of its slot at a position <= its own (online softmax)."""
+                          SPLITS: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr):
+        """One program per (query block, kv head, key chunk). A query block is up to BLOCK_T consecutive query tokens
+        of one sequence; its tile rows are (token, query head of this kv head) pairs. Query token i of a sequence sits
+        at position pos0 + i and attends every cached key of its slot at a position <= its own (online softmax).
+
+        With SPLITS > 1 program z covers only keys [z·CHUNK, (z+1)·CHUNK) and writes its partial (acc, max, sum)
+        to the workspace for ``_combine``; chunk boundaries are fixed, so a query's result does not depend on the
+        other queries of its block (decode and verification compute the same numbers)."""
         blk = tl.program_id(0)
         kvh = tl.program_id(1)
+        z = tl.program_id(2)
         seq = tl.load(BLK_SEQ + blk)
         q0 = tl.load(BLK_Q0 + blk)
         slot = tl.load(SEQ_SLOT + seq)
@@ -127,11 +132,15 @@ if triton is not None:
         last = tl.minimum(q0 + BLOCK_T, qlen) - 1
         qpos = pos0 + tl.where(valid, t, last)  # padding rows copy a real row: finite, never stored
         hi = pos0 + last + 1
+        lo = 0
+        if SPLITS > 1:
+            lo = z * CHUNK
+            hi = tl.minimum(hi, lo + CHUNK)
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
         kv_base = slot * stride_slot + kvh * stride_kvh
-        for n0 in range(0, hi, BLOCK_N):
+        for n0 in range(lo, hi, BLOCK_N):
             kpos = n0 + tl.arange(0, BLOCK_N)
             kmask = kpos < hi
             offs = kv_base + kpos[:, None] * stride_pos + d[None, :]
@@ -144,8 +153,9 @@ if triton is not None:
             s = s * sm_scale
             s = tl.where(kpos[None, :] <= qpos[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key here yet stays empty
+            p = tl.exp(s - m_use[:, None])
+            alpha = tl.exp(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if IEEE:
                 pv = tl.dot(p, v, input_precision="ieee")
@@ -153,9 +163,59 @@ if triton is not None:
                 pv = tl.dot(p, v, input_precision="tf32")
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        out = acc / l_i[:, None]
-        o_ptr = O + ((qstart + t) * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :]
-        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=valid[:, None])
+        row = (qstart + t) * N_HEADS + head
+        if SPLITS > 1:
+            ws = (row * SPLITS + z)
+            tl.store(WS_ACC + ws[:, None] * HEAD_DIM + d[None, :], acc, mask=valid[:, None])
+            tl.store(WS_ML + ws * 2, m_i, mask=valid)
+            tl.store(WS_ML + ws * 2 + 1, l_i, mask=valid)
+        else:
+            out = acc / l_i[:, None]
+            tl.store(O + row[:, None] * HEAD_DIM + d[None, :], out.to(O.dtype.element_ty), mask=valid[:, None])
+
+    @triton.jit
+    def _combine(WS_ACC, WS_ML, O, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """Merge one (token, head)'s key-chunk partials in chunk order."""
+        row = tl.program_id(0)
+        zs = tl.arange(0, BLOCK_S)
+        zmask = zs < SPLITS
+        base = row * SPLITS + zs
+        m = tl.load(WS_ML + base * 2, mask=zmask, other=float("-inf"))
+        lsum = tl.load(WS_ML + base * 2 + 1, mask=zmask, other=0.0)
+        top = tl.max(m, axis=0)
+        w = tl.exp(m - top)  # chunks without keys for this query weigh 0
+        d = tl.arange(0, HEAD_DIM)
+        acc = tl.load(WS_ACC + base[:, None] * HEAD_DIM + d[None, :], mask=zmask[:, None], other=0.0)
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
+        tl.store(O + row * HEAD_DIM + d, out.to(O.dtype.element_ty))
+
+    @triton.jit
+    def _linear(X, W, B, O, M, N, K, stride_xm, stride_wn, stride_om, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
+        """out = x @ wᵀ (+ b) for few rows: one program per BLOCK_N output features streams its weight rows once,
+        for every row of x at once (the whole x tile is BLOCK_M ≥ M rows)."""
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=(m < M)[:, None] & (kk < K)[None, :], other=0.0)
+            w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=(n < N)[:, None] & (kk < K)[None, :], other=0.0)
+            if F32:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if HAS_BIAS:
+            acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(O + m[:, None] * stride_om + n[None, :], acc.to(O.dtype.element_ty), mask=(m < M)[:, None] & (n < N)[None, :])
+
+
+# Tuning of the few-row linear kernel and of split-key attention (set from measurements on an H200).
+SMALL_M_ROWS = 16  # rows (tokens) up to which linear layers use ``_linear`` instead of cuBLAS; 0: never
+LINEAR_BLOCK_N, LINEAR_BLOCK_K = 16, 256
+SPLIT_BELOW = 64  # split attention over key chunks when fewer (query block, kv head) programs than this
+SPLIT_CHUNK = 64
 
 
 def _next_pow2(n: int) -> int:
@@ -201,19 +261,45 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, 
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_slot, seq_pos0, seq_qstart,
-                     seq_qlen, blk_seq, blk_q0, block_t: int) -> torch.Tensor:
+                     seq_qlen, blk_seq, blk_q0, block_t: int, split: bool = False) -> torch.Tensor:
     """Attention of packed query tokens q [N, H, D] over one layer's cache; the sequence and block tables say which
-    tokens belong to which slot and position (``models.attention.TritonAttention`` builds them). → [N, H·D]."""
+    tokens belong to which slot and position (``models.attention.TritonAttention`` builds them). → [N, H·D].
+    ``split``: allow splitting the keys into fixed chunks (a second, merging kernel) when the grid is small."""
     n, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[1]
     group = n_heads // n_kv
     out = torch.empty_like(q)
     block_r = max(16, _next_pow2(block_t * group))
     block_n = 128 if head_dim <= 64 else 64
-    _cached_attention[(blk_seq.shape[0], n_kv)](
-        q, k_cache, v_cache, out, seq_slot, seq_pos0, seq_qstart, seq_qlen, blk_seq, blk_q0,
+    blocks = blk_seq.shape[0]
+    splits = 1
+    if split and blocks * n_kv < SPLIT_BELOW:
+        splits = triton.cdiv(k_cache.shape[2], SPLIT_CHUNK)
+        block_n = min(block_n, SPLIT_CHUNK)
+    ws_acc = ws_ml = out
+    if splits > 1:
+        ws_acc = torch.empty(n * n_heads * splits, head_dim, dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty(n * n_heads * splits, 2, dtype=torch.float32, device=q.device)
+    _cached_attention[(blocks, n_kv, splits)](
+        q, k_cache, v_cache, out, ws_acc, ws_ml, seq_slot, seq_pos0, seq_qstart, seq_qlen, blk_seq, blk_q0,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 1.0 / math.sqrt(head_dim),
         N_HEADS=n_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_T=block_t, BLOCK_R=block_r, BLOCK_N=block_n,
-        IEEE=q.dtype == torch.float32,
+        SPLITS=splits, CHUNK=SPLIT_CHUNK, IEEE=q.dtype == torch.float32,
     )
+    if splits > 1:
+        _combine[(n * n_heads,)](ws_acc, ws_ml, out, SPLITS=splits, BLOCK_S=_next_pow2(splits), HEAD_DIM=head_dim)
     return out.view(n, n_heads * head_dim)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weightᵀ (+ bias) for at most SMALL_M_ROWS rows of x, weight [N, K] as nn.Linear stores it."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    f32 = x.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+    _linear[(triton.cdiv(n, LINEAR_BLOCK_N),)](
+        x2, weight, bias if bias is not None else weight, out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=max(16, _next_pow2(m)), BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
+        F32=f32, num_stages=4)
+    return out.view(*x.shape[:-1], n)
