@@ -48,7 +48,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--hf-new-tokens", type=int, default=128, help="new tokens per transformers generate call")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: fixtures,hf,steps,eager,profile,kernels,ablation,peaked")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: fixtures,hf,steps,eager,profile,ablation,peaked")
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu.json (default: $OUT, else .)")
     return ap.parse_args()
 
@@ -375,73 +375,9 @@ def profile(ours, engines: dict, device, ctx: int, out_dir: Path) -> dict:
     return {"top": rows}
 
 
-def kernel_bench(ours, engines: dict, device, ctx: int) -> dict:
-    """The few-row linear kernel against cuBLAS on the 8B shapes (several weight copies in turn, so L2 holds
-    none), over a few tilings; and attention at batch 1 with and without key splitting."""
-    import torch
-    import torch.nn.functional as F
-
-    from specops.models import attention, kernels
-
-    if torch.device(device).type != "cuda":
-        return {}
-    from triton.testing import do_bench
-
-    layer = ours.model.layers[0]
-    shapes = {"qkv": layer.self_attn.qkv_proj.weight, "o": layer.self_attn.o_proj.weight,
-              "gate_up": layer.mlp.gate_up_proj.weight, "down": layer.mlp.down_proj.weight,
-              "lm_head": ours.lm_head.weight}
-    saved = (kernels.LINEAR_BLOCK_N, kernels.LINEAR_BLOCK_K)
-    out = {"linear": []}
-    for name, w in shapes.items():
-        copies = [w] + [w.clone() for _ in range(max(0, min(3, int(2e8 // (w.numel() * 2)))))]
-        gb = w.numel() * w.element_size() / 1e9
-        for m in (1, 4, 16):
-            x = torch.randn(m, w.shape[1], device=device, dtype=w.dtype)
-            it = iter(range(1 << 62))
-            row = {"shape": name, "m": m, "gb": gb}
-            row["cublas_us"] = 1e3 * do_bench(lambda: F.linear(x, copies[next(it) % len(copies)]), return_mode="median")
-            best = None
-            for bn in (16, 32, 64):
-                for bk in (128, 256, 512):
-                    kernels.LINEAR_BLOCK_N, kernels.LINEAR_BLOCK_K = bn, bk
-                    try:
-                        us = 1e3 * do_bench(lambda: kernels.linear(x, copies[next(it) % len(copies)], None),
-                                            return_mode="median")
-                    except Exception as e:  # noqa: BLE001 - a tiling that does not compile is skipped
-                        row[f"triton_{bn}x{bk}"] = repr(e)[:80]
-                        continue
-                    row[f"triton_{bn}x{bk}_us"] = us
-                    if best is None or us < best[0]:
-                        best = (us, bn, bk)
-            kernels.LINEAR_BLOCK_N, kernels.LINEAR_BLOCK_K = saved
-            ref = F.linear(x, w)
-            row["max_abs_diff_vs_cublas"] = float((kernels.linear(x, w, None).float() - ref.float()).abs().max())
-            row["best"] = best
-            row["cublas_tb_s"] = gb * 1e3 / row["cublas_us"]
-            row["best_tb_s"] = gb * 1e3 / best[0] if best else None
-            out["linear"].append(row)
-            print(json.dumps({k: row[k] for k in ("shape", "m", "cublas_us", "cublas_tb_s", "best", "best_tb_s")}),
-                  flush=True)
-    runner = engines[0].runner
-    cache = runner.cache
-    slot = torch.tensor([0], device=device)
-    q = torch.randn(1, ours.config.num_attention_heads, ours.config.head_dim, device=device, dtype=cache.k.dtype)
-    meta = attention.TritonAttention.rows(slot, torch.tensor([[ctx]], device=device))
-    timings = {}
-    for label, below in (("no_split", 0), ("split", kernels.SPLIT_BELOW or 64)):
-        old, kernels.SPLIT_BELOW = kernels.SPLIT_BELOW, below
-        timings[label] = 1e3 * do_bench(lambda: kernels.cached_attention(
-            q, cache.k[0], cache.v[0], meta.seq_slot, meta.seq_pos0, meta.seq_qstart, meta.seq_qlen, meta.blk_seq,
-            meta.blk_q0, meta.block_t, True), return_mode="median")
-        kernels.SPLIT_BELOW = old
-    out["attention_batch1_us"] = timings
-    print(json.dumps(timings), flush=True)
-    return out
-
-
 def ablation(ours, draft, cfg, args, device) -> dict:
-    """Batch-1 decode tok/s (γ = 0) with each kernel choice off and on, and the host's share of a step."""
+    """Batch-1 decode tok/s (γ = 0) with key-split attention and overlapped rounds each off and on, and the
+    captured round alone (the rest of a synchronous step is host work)."""
     import torch
 
     from specops.engine.engine import Engine
@@ -450,34 +386,34 @@ def ablation(ours, draft, cfg, args, device) -> dict:
 
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, cfg.vocab_size, (1, args.prompt_len), generator=g).tolist()
-    saved = (kernels.SMALL_M_ROWS, kernels.SPLIT_BELOW)
+    saved = kernels.SPLIT_BELOW
     rows = []
-    for label, small_m, split in (("cublas, no split", 0, 0), ("cublas, split", 0, saved[1] or 64),
-                                  ("few-row linear, no split", saved[0] or 16, 0),
-                                  ("few-row linear, split", saved[0] or 16, saved[1] or 64)):
-        kernels.SMALL_M_ROWS, kernels.SPLIT_BELOW = small_m, split
-        eng = Engine(ours, None, gamma=0, max_batch=1, max_seq_len=args.max_seq_len, eos_token_ids=[])
-        timed_generate(eng, prompt, 4)
-        pre, dec, outs = timed_generate(eng, prompt, args.new_tokens)
-        row = {"config": label, "decode_tok_s": (len(outs[0].token_ids) - 1) / dec}
-        if torch.device(device).type == "cuda":  # the captured round alone: the rest of a step is host work
-            r = eng.runner
-            r.row_slots[:1] = 0
-            graph, _ = r._graphs[(1, Mode())]
-            for _ in range(3):
-                graph.replay()
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(50):
-                r.ctx_len[:1] = args.prompt_len + args.new_tokens // 2
-                graph.replay()
-            sync(device)
-            row["round_replay_ms"] = (time.perf_counter() - t0) / 50 * 1e3
-            row["engine_step_ms"] = dec / (args.new_tokens - 1) * 1e3
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del eng
-    kernels.SMALL_M_ROWS, kernels.SPLIT_BELOW = saved
+    for split in (0, saved):
+        for overlap in (False, True):
+            kernels.SPLIT_BELOW = split
+            eng = Engine(ours, None, gamma=0, max_batch=1, max_seq_len=args.max_seq_len, eos_token_ids=[],
+                         overlap=overlap)
+            timed_generate(eng, prompt, 4)
+            pre, dec, outs = timed_generate(eng, prompt, args.new_tokens)
+            row = {"split_attention": bool(split), "overlap": overlap,
+                   "decode_tok_s": (len(outs[0].token_ids) - 1) / dec, "engine_step_ms": dec / (args.new_tokens - 1) * 1e3}
+            if eng.runner.use_graphs:
+                r = eng.runner
+                r.row_slots[:1] = 0
+                graph, _ = r._graphs[(1, Mode())]
+                for _ in range(3):
+                    graph.replay()
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    r.ctx_len[:1] = args.prompt_len + args.new_tokens // 2
+                    graph.replay()
+                sync(device)
+                row["round_replay_ms"] = (time.perf_counter() - t0) / 50 * 1e3
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del eng
+    kernels.SPLIT_BELOW = saved
     return {"rows": rows}
 
 
@@ -586,8 +522,6 @@ def main() -> None:
             REPORT.part("steps", step_costs, ours, draft, cfg, device, engines, ctx)
         if "profile" not in skip and engines:
             REPORT.part("profile", profile, ours, engines, device, ctx, out_dir)
-        if "kernels" not in skip:
-            REPORT.part("kernels", kernel_bench, ours, engines, device, ctx)
         if "ablation" not in skip and engines:
             REPORT.part("ablation", ablation, ours, draft, cfg, args, device)
         if "peaked" not in skip:

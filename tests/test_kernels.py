@@ -103,14 +103,6 @@ def test_a_query_s_result_does_not_depend_on_its_block():
     assert torch.equal(block[:1], single)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_few_row_linear_matches_f_linear_and_ignores_the_other_rows(dtype):
-    x, w, b = rnd(5, 300, dtype=dtype), rnd(70, 300, dtype=dtype, seed=1, scale=0.1), rnd(70, dtype=dtype, seed=2)
-    got = kernels.linear(x, w, b)
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), **TOL[dtype])
-    assert torch.equal(kernels.linear(x[2:3], w, b), got[2:3])  # a row's result is the same alone or in a batch
-
-
 @pytest.mark.parametrize("t", [1, 4])
 def test_split_key_attention_matches_and_is_block_invariant(t, monkeypatch):
     """Keys split into fixed chunks (as decode steps at small batch run): the reference's result, and a query

@@ -56,6 +56,20 @@ def test_bucket_padding_never_changes_outputs(target, gamma, temperature):
     assert run(padded_engine, ps, params) == exact
 
 
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_overlapped_rounds_give_the_synchronous_outputs(target, gamma):
+    """Queuing each round before reading the last (what CUDA does): more requests than slots, so requests join
+    while others run and finished ones get a round nobody reads; outputs and counters are unchanged."""
+    model_dir, hf = target
+    ps = prompts(11, seed=2)
+    params = [SamplingParams(temperature=0.7 if i % 3 else 0.0, max_tokens=5 + 2 * i, seed=i) for i in range(11)]
+    sync = build(model_dir, hf, gamma)
+    assert not sync.overlap
+    overlapped = build(model_dir, hf, gamma, overlap=True)
+    assert run(overlapped, ps, params) == run(sync, ps, params)
+    assert overlapped.stats == sync.stats
+
+
 @pytest.mark.skipif(not kernels.available(), reason="Triton is not installed")
 @pytest.mark.parametrize("gamma", [0, 3])
 def test_fused_path_equals_the_reference_path(target, gamma, monkeypatch):
@@ -122,3 +136,31 @@ def test_batched_verification_equals_the_row_reference(seed):
         k, tokens = reference_verify(probs[i].numpy(), q[i].numpy(), drafts[i].tolist(),
                                      bool(greedy[i]), u[i, :gamma].tolist(), float(u[i, gamma]))
         assert (int(n[i]), out[i, : k + 1].tolist()) == (k, tokens)
+
+
+def test_overlapped_abort_frees_the_slot_for_a_new_request(target):
+    """A request aborted while its round is queued emits nothing more, and the request that takes its slot
+    decodes as it would alone."""
+    model_dir, hf = target
+    eng = build(model_dir, hf, 3, overlap=True)
+    p = prompts(3, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    for i in range(2):
+        eng.add_request(f"r{i}", p[i], params)
+    seen: dict[str, list[int]] = {"r0": [], "r1": [], "r2": []}
+    for _ in range(3):
+        for so in eng.step():
+            seen[so.request_id] += so.new_token_ids
+    assert eng._inflight is not None
+    eng.abort("r0")
+    before = list(seen["r0"])
+    eng.add_request("r2", p[2], params)
+    done = {}
+    while eng.has_unfinished():
+        for so in eng.step():
+            seen[so.request_id] += so.new_token_ids
+            if so.finished:
+                done[so.request_id] = so.output.token_ids
+    assert seen["r0"] == before and "r0" not in done
+    alone = build(model_dir, hf, 3).generate([p[2]], params)[0].token_ids
+    assert done["r2"] == alone and seen["r2"] == alone

@@ -4,6 +4,10 @@ It joins the three parts of a step: the scheduler decides which requests run and
 runs the forwards (prefill for new requests, one verify-and-draft round for the others), and the stats count
 drafts and acceptances. Per step at most one prefill and one round run, each a single batched forward plus
 the drafter's steps, whatever the number of requests.
+
+With ``overlap`` (the default on CUDA) a step queues the next round on the device before it reads the result of
+the round queued by the step before, so the device never waits for the host's bookkeeping; a request's output
+then arrives one step after its round ran, and a request that finished gets one more round nobody reads.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from specops.engine.config import EngineConfig
-from specops.engine.model_runner import Mode, ModelRunner
+from specops.engine.model_runner import Mode, ModelRunner, Pending
 from specops.engine.sampling import SamplingParams
-from specops.engine.scheduler import Output, Scheduler, StepOutput
+from specops.engine.scheduler import Output, Request, Scheduler, StepOutput
 from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
@@ -43,9 +47,11 @@ class Engine:
         eos_token_ids: list[int] | None = None,
         cuda_graphs: bool = True,
         bucket_padding: bool | None = None,
+        overlap: bool | None = None,
     ):
         """``cuda_graphs``: capture rounds as CUDA graphs where the fused kernels run (CUDA); ``bucket_padding``:
-        pad batches to the graph buckets (default: exactly when graphs are used)."""
+        pad batches to the graph buckets (default: exactly when graphs are used); ``overlap``: queue each round
+        before reading the previous one (default: on CUDA)."""
         if gamma < 0:
             raise SpecopsError(f"gamma must be >= 0, got {gamma}")
         self.model = model.eval()
@@ -64,6 +70,8 @@ class Engine:
         self.device = model.model.embed_tokens.weight.device
         self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding)
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet
         self.stats = SpecStats()
         self._ids = itertools.count()
 
@@ -105,23 +113,39 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """Admit waiting requests (prefill, first token, first drafts), then advance the others by one round."""
+        """Admit waiting requests (prefill, first token, first drafts) and advance the others by one round."""
         outputs: list[StepOutput] = []
+        previous, self._inflight = self._inflight, None
         decoding = self.scheduler.decoding()
+        constraints = _constraints(decoding)
+        overlapped = bool(decoding) and self.overlap and constraints is None
+        if overlapped:  # queue this round before reading the last one
+            self._inflight = decoding, self._launch(decoding, None)
+        if previous is not None:
+            self._finish(*previous, outputs)
         admitted = self.scheduler.admit()
         if admitted:
             first = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],
                                         [r.params for r in admitted], _constraints(admitted))
             for r, tok in zip(admitted, first):
                 self.scheduler.emit(r, [tok], outputs)
-        if decoding:
-            n, tokens = self.runner.decode([r.slot for r in decoding], Mode.of([r.params for r in decoding]),
-                                           _constraints(decoding))
-            for r, k, toks in zip(decoding, n, tokens):
-                r.stats.record(self.gamma, k)
-                self.stats.record(self.gamma, k)
-                self.scheduler.emit(r, toks[: k + 1], outputs)
+        if decoding and not overlapped and previous is None:
+            self._finish(decoding, self._launch(decoding, constraints), outputs)
         return outputs
+
+    def _launch(self, reqs: list[Request], constraints: list | None) -> Pending:
+        return self.runner.launch([r.slot for r in reqs], Mode.of([r.params for r in reqs]), constraints)
+
+    def _finish(self, reqs: list[Request], pending: Pending, outputs: list[StepOutput]) -> None:
+        """Read a round's result and emit it for the requests that are still running (not finished or aborted
+        since the round was queued)."""
+        n, tokens = self.runner.collect(pending)
+        for r, k, toks in zip(reqs, n, tokens):
+            if self.scheduler.running.get(r.slot) is not r:
+                continue
+            r.stats.record(self.gamma, k)
+            self.stats.record(self.gamma, k)
+            self.scheduler.emit(r, toks[: k + 1], outputs)
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], progress: bool = False

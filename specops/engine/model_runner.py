@@ -13,11 +13,15 @@ A round is a fixed-shape function of those buffers. With the fused kernels on CU
 graph per (batch bucket, sampling mode) and replayed: the batch is padded up to its bucket with rows that point
 at a scratch slot nobody owns, so padding never touches a request's cache. Requests under a grammar need host
 work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU.
+
+``launch`` starts a round and ``collect`` waits for its result, so the engine can queue the next round before
+it reads the last one (the host's bookkeeping then overlaps the device's work). A request that finished in the
+round being read has one more round run for it in its slot, which nobody reads: the caches have room for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +45,15 @@ class Mode:
         return cls(any(not p.greedy for p in params), any(p.filters for p in params))
 
 
+@dataclass
+class Pending:
+    """A launched round: its rows' slots and where its result lands on the host (ready once ``done``)."""
+
+    slots: list[int]
+    host: torch.Tensor  # [rows, 1 + γ + 1]: n, then the tokens
+    done: object = field(default=None)  # a CUDA event, or None when the result is already there
+
+
 def buckets(max_batch: int) -> list[int]:
     """Padded batch sizes a graph is captured for: powers of two up to ``max_batch``, and ``max_batch``."""
     sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
@@ -57,8 +70,9 @@ class ModelRunner:
         self.use_graphs = cuda_graphs and self.fused and self.device.type == "cuda"
         pad = self.use_graphs if bucket_padding is None else bucket_padding
         self.buckets = buckets(max_batch) if pad else None
-        # Verification writes γ + 1 positions past the context and drafting γ more: room for both past max_seq_len.
-        capacity = max_seq_len + 2 * gamma + 2
+        # Verification writes γ + 1 positions past the context and drafting γ more; a round that runs on past a
+        # request's end (see launch) adds as much again: room for all of it past max_seq_len.
+        capacity = max_seq_len + 3 * gamma + 2
         for m, cfg in ((model, model.config), (draft, draft.cfg if draft is not None else None)):
             if m is not None and m.rotary.cos.shape[0] < capacity:
                 m.rotary = Rotary(cfg, capacity).to(self.device)
@@ -76,6 +90,12 @@ class ModelRunner:
         self._steps = torch.arange(gamma + 1, device=dev)
         self._graphs: dict[tuple[int, Mode], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        # Host buffers in pairs, used in turn: one round's are read or written while the other round's copies are
+        # still queued. Pinned, so a copy is queued without waiting for the device.
+        pinned = self.device.type == "cuda"
+        self._host = [torch.zeros(max_batch, gamma + 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._rows = [torch.zeros(max_batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._turn = 0
 
     # -- prefill ------------------------------------------------------------------------------------------------
 
@@ -127,22 +147,40 @@ class ModelRunner:
 
     # -- decode rounds ------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def decode(self, slots: list[int], mode: Mode, constraints: list | None = None) -> tuple[list[int], list[list[int]]]:
         """One round for the requests in ``slots``: per row the number of accepted drafts n and the γ + 1 tokens
         whose first n + 1 are emitted (n accepted drafts, then the correction or bonus token)."""
+        return self.collect(self.launch(slots, mode, constraints))
+
+    def collect(self, pending: Pending) -> tuple[list[int], list[list[int]]]:
+        """Wait for a launched round: its n per row and tokens, as ``decode`` returns them."""
+        if pending.done is not None:
+            pending.done.synchronize()
+        host = pending.host.tolist()
+        return [r[0] for r in host], [r[1:] for r in host]
+
+    @torch.inference_mode()
+    def launch(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Pending:
+        """Start one round for the requests in ``slots`` (queued on the device; on the CPU it runs now)."""
         b = len(slots)
         padded = b if self.buckets is None else next(s for s in self.buckets if s >= b)
-        rows = slots + [self.scratch] * (padded - b)
-        self.row_slots[:padded].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
+        staged = self._rows[self._turn][:padded]
+        staged.copy_(torch.tensor(slots + [self.scratch] * (padded - b)))
+        self.row_slots[:padded].copy_(staged, non_blocking=True)
         if constraints is not None:
             result = self._round(padded, mode, constraints + [None] * (padded - b))
         elif self.use_graphs:
             result = self._replay(padded, mode)
         else:
             result = self._round(padded, mode)
-        host = result[:b].tolist()  # the round's one read back to the host
-        return [r[0] for r in host], [r[1:] for r in host]
+        if self.device.type != "cuda":
+            return Pending(slots, result[:b])
+        host = self._host[self._turn][:b]
+        self._turn ^= 1
+        host.copy_(result[:b], non_blocking=True)  # the round's one transfer back to the host
+        done = torch.cuda.Event()
+        done.record()
+        return Pending(slots, host, done)
 
     def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
         return attention.for_rows(self.fused, slots, positions)

@@ -224,7 +224,7 @@ class Eagle3Draft(nn.Module):
 
     def combine(self, taps: torch.Tensor) -> torch.Tensor:
         """Fuse the target's three taps [.., 3·H_target] into the draft's hidden [.., H]."""
-        return ops.linear(taps, self.fc)
+        return self.fc(taps)
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache, meta, full_vocab: bool = True,
                 at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,7 +238,7 @@ class Eagle3Draft(nn.Module):
                                 meta.rope(self.rotary, embeds.dtype))
         if at is not None:
             prenorm = prenorm[at]
-        draft_logits = ops.linear(self.norm(prenorm), self.lm_head)
+        draft_logits = self.lm_head(self.norm(prenorm))
         if not full_vocab:
             return draft_logits, prenorm
         logits = draft_logits.new_full(draft_logits.shape[:-1] + (self.cfg.vocab_size,), float("-inf"))

@@ -189,31 +189,7 @@ if triton is not None:
         out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
         tl.store(O + row * HEAD_DIM + d, out.to(O.dtype.element_ty))
 
-    @triton.jit
-    def _linear(X, W, B, O, M, N, K, stride_xm, stride_wn, stride_om, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr):
-        """out = x @ wᵀ (+ b) for few rows: one program per BLOCK_N output features streams its weight rows once,
-        for every row of x at once (the whole x tile is BLOCK_M ≥ M rows)."""
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = tl.arange(0, BLOCK_M)
-        k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + k
-            x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=(m < M)[:, None] & (kk < K)[None, :], other=0.0)
-            w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=(n < N)[:, None] & (kk < K)[None, :], other=0.0)
-            if F32:
-                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w))
-        if HAS_BIAS:
-            acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(O + m[:, None] * stride_om + n[None, :], acc.to(O.dtype.element_ty), mask=(m < M)[:, None] & (n < N)[None, :])
-
-
-# Tuning of the few-row linear kernel and of split-key attention (set from measurements on an H200).
-SMALL_M_ROWS = 16  # rows (tokens) up to which linear layers use ``_linear`` instead of cuBLAS; 0: never
-LINEAR_BLOCK_N, LINEAR_BLOCK_K = 16, 256
+# Split-key attention (measured on an H200 at batch 1: 5.9 µs a layer against 6.9 µs unsplit).
 SPLIT_BELOW = 64  # split attention over key chunks when fewer (query block, kv head) programs than this
 SPLIT_CHUNK = 64
 
@@ -289,17 +265,3 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if splits > 1:
         _combine[(n * n_heads,)](ws_acc, ws_ml, out, SPLITS=splits, BLOCK_S=_next_pow2(splits), HEAD_DIM=head_dim)
     return out.view(n, n_heads * head_dim)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weightᵀ (+ bias) for at most SMALL_M_ROWS rows of x, weight [N, K] as nn.Linear stores it."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    m, n = x2.shape[0], weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    f32 = x.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
-    _linear[(triton.cdiv(n, LINEAR_BLOCK_N),)](
-        x2, weight, bias if bias is not None else weight, out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=max(16, _next_pow2(m)), BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
-        F32=f32, num_stages=4)
-    return out.view(*x.shape[:-1], n)

@@ -185,14 +185,14 @@ class Attention(nn.Module):
         """x: [N, in] → [N, H]; ``meta``/``rope``: the forward's attention metadata and this model's rotary."""
         h, kv, d = self.n_heads, self.n_kv, self.head_dim
         if self.qkv_proj is not None:
-            qkv = ops.linear(x, self.qkv_proj)
+            qkv = self.qkv_proj(x)
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         if self.qk_norm:
             heads = qkv.view(-1, h + 2 * kv, d)
             qkv = torch.cat([self.q_norm(heads[:, :h]), self.k_norm(heads[:, h : h + kv]), heads[:, h + kv :]],
                             dim=1).view(qkv.shape)
-        return ops.linear(meta.attend(qkv, h, kv, d, cache, layer, rope), self.o_proj)
+        return self.o_proj(meta.attend(qkv, h, kv, d, cache, layer, rope))
 
 
 class MLP(nn.Module):
@@ -210,7 +210,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_proj is not None:
-            return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
+            return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -309,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(normed, residual, cache, i, meta, rope)
         if logits_at is not None:
             h, residual = h[logits_at], residual[logits_at]
-        logits = ops.linear(self.model.norm(residual + h), self.lm_head)
+        logits = self.lm_head(self.model.norm(residual + h))
         if logits_at is None:
             logits = logits.view(b, t, -1)
         return logits, (torch.cat(taps, dim=-1).view(b, t, -1) if taps else None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from specops.models import kernels
 
@@ -33,14 +32,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
         return kernels.add_rms_norm(x, residual, weight, eps)
     residual = residual + x
     return weight * F.rms_norm(residual.float(), (x.shape[-1],), eps=eps).to(x.dtype), residual
-
-
-def linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """``layer(x)``; a plain nn.Linear over a few rows (a decode step) takes the kernel that streams each weight
-    once for all rows, whose result for a row does not depend on how many rows share the call."""
-    if type(layer) is nn.Linear and _fused(x) and x.numel() <= kernels.SMALL_M_ROWS * x.shape[-1]:
-        return kernels.linear(x, layer.weight, layer.bias)
-    return layer(x)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
