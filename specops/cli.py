@@ -69,6 +69,8 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 = no top-k cut."),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (each request gets its own generator)."),
+    provenance: bool = typer.Option(False, "--provenance",
+                                    help="Add each output's per-round record: drafts proposed, accepted, emitted."),
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS,
 ) -> None:
@@ -77,7 +79,7 @@ def generate(
 
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs)
     stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
-                    max_tokens=max_tokens, seed=seed)
+                    max_tokens=max_tokens, seed=seed, provenance=provenance)
     typer.echo(f"wrote {out}", err=True)
     if draft is not None:
         typer.echo(

@@ -23,6 +23,7 @@ def run(
     top_k: int = 0,
     max_tokens: int = 256,
     seed: int = 0,
+    provenance: bool = False,
 ) -> dict[str, Any]:
     """Generate for every request in ``prompts`` with the engine ``cfg`` names; returns its total statistics."""
     from rich.progress import Progress
@@ -46,10 +47,12 @@ def run(
         task = bar.add_task("generating", total=len(records))
         for start in range(0, len(records), CHUNK):
             batch = records[start : start + CHUNK]
-            for rec, o in zip(batch, engine.generate(ids[start : start + CHUNK], params)):
+            for rec, o in zip(batch, engine.generate(ids[start : start + CHUNK], params, provenance=provenance)):
                 line = {"id": rec["id"], "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
                 if cfg.draft is not None:
                     line["spec"] = o.spec.to_dict()
+                if provenance:
+                    line["provenance"] = o.provenance
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
             f.flush()
             bar.advance(task, len(batch))

@@ -164,3 +164,23 @@ def test_overlapped_abort_frees_the_slot_for_a_new_request(target):
     assert seen["r0"] == before and "r0" not in done
     alone = build(model_dir, hf, 3).generate([p[2]], params)[0].token_ids
     assert done["r2"] == alone and seen["r2"] == alone
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_provenance_accounts_for_every_token_and_counter(target, overlap):
+    """Per round: the drafts proposed, how many were kept, what the round produced and how much of it was
+    emitted; together they rebuild the output and the request's counters exactly."""
+    model_dir, hf = target
+    ps = prompts(6, seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + 3 * i) for i in range(6)]
+    outs = build(model_dir, hf, 3, overlap=overlap).generate(ps, params, provenance=True)
+    for o in outs:
+        rounds = o.provenance
+        assert o.token_ids[:1] + [t for r in rounds for t in r["tokens"][: r["emitted"]]] == o.token_ids
+        assert len(rounds) == o.spec.num_drafts
+        assert sum(r["accepted"] for r in rounds) == o.spec.num_accepted_tokens
+        for r in rounds:
+            k = r["accepted"]
+            assert r["tokens"][:k] == r["drafts"][:k] and len(r["tokens"]) == k + 1
+            if k < 3:  # greedy: the target's correction differs from the draft it rejected
+                assert r["tokens"][k] != r["drafts"][k]

@@ -100,10 +100,10 @@ class Engine:
 
     # -- request lifecycle --------------------------------------------------------------------------------------
 
-    def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, constraint: Constraint | None = None
-    ) -> None:
-        self.scheduler.add(request_id, prompt_token_ids, params, constraint)
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    constraint: Constraint | None = None, provenance: bool = False) -> None:
+        """Queue a request. ``provenance``: record where each output token came from (``Output.provenance``)."""
+        self.scheduler.add(request_id, prompt_token_ids, params, constraint, provenance)
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
@@ -139,24 +139,27 @@ class Engine:
     def _finish(self, reqs: list[Request], pending: Pending, outputs: list[StepOutput]) -> None:
         """Read a round's result and emit it for the requests that are still running (not finished or aborted
         since the round was queued)."""
-        n, tokens = self.runner.collect(pending)
-        for r, k, toks in zip(reqs, n, tokens):
+        result = self.runner.collect(pending)
+        for r, k, toks, drafts in zip(reqs, result.accepted, result.tokens, result.drafts):
             if self.scheduler.running.get(r.slot) is not r:
                 continue
             r.stats.record(self.gamma, k)
             self.stats.record(self.gamma, k)
-            self.scheduler.emit(r, toks[: k + 1], outputs)
+            if r.provenance is not None:
+                r.provenance.append({"drafts": drafts, "accepted": k, "tokens": toks[: k + 1], "emitted": 0})
+            emitted = self.scheduler.emit(r, toks[: k + 1], outputs)
+            if r.provenance is not None:
+                r.provenance[-1]["emitted"] = emitted
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], progress: bool = False
-    ) -> list[Output]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], progress: bool = False,
+                 provenance: bool = False) -> list[Output]:
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise SpecopsError(f"{len(params)} sampling params for {len(prompts)} prompts")
         ids = [f"generate-{next(self._ids)}" for _ in prompts]
         for rid, prompt, p in zip(ids, prompts, params):
-            self.add_request(rid, prompt, p)
+            self.add_request(rid, prompt, p, provenance=provenance)
         done: dict[str, Output] = {}
         bar = None
         if progress:

@@ -50,8 +50,18 @@ class Pending:
     """A launched round: its rows' slots and where its result lands on the host (ready once ``done``)."""
 
     slots: list[int]
-    host: torch.Tensor  # [rows, 1 + γ + 1]: n, then the tokens
+    host: torch.Tensor  # [rows, 1 + (γ + 1) + γ]: n, the tokens, the drafts that were verified
     done: object = field(default=None)  # a CUDA event, or None when the result is already there
+
+
+@dataclass
+class Round:
+    """A round's result per row: n accepted drafts; the γ + 1 tokens whose first n + 1 are emitted (the accepted
+    drafts, then the target's correction of draft n, or its bonus token after all γ); the γ drafts verified."""
+
+    accepted: list[int]
+    tokens: list[list[int]]
+    drafts: list[list[int]]
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -93,7 +103,7 @@ class ModelRunner:
         # Host buffers in pairs, used in turn: one round's are read or written while the other round's copies are
         # still queued. Pinned, so a copy is queued without waiting for the device.
         pinned = self.device.type == "cuda"
-        self._host = [torch.zeros(max_batch, gamma + 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._host = [torch.zeros(max_batch, 2 * gamma + 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._rows = [torch.zeros(max_batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._turn = 0
 
@@ -147,17 +157,17 @@ class ModelRunner:
 
     # -- decode rounds ------------------------------------------------------------------------------------------
 
-    def decode(self, slots: list[int], mode: Mode, constraints: list | None = None) -> tuple[list[int], list[list[int]]]:
-        """One round for the requests in ``slots``: per row the number of accepted drafts n and the γ + 1 tokens
-        whose first n + 1 are emitted (n accepted drafts, then the correction or bonus token)."""
+    def decode(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Round:
+        """One round for the requests in ``slots``."""
         return self.collect(self.launch(slots, mode, constraints))
 
-    def collect(self, pending: Pending) -> tuple[list[int], list[list[int]]]:
-        """Wait for a launched round: its n per row and tokens, as ``decode`` returns them."""
+    def collect(self, pending: Pending) -> Round:
+        """Wait for a launched round and read its result."""
         if pending.done is not None:
             pending.done.synchronize()
         host = pending.host.tolist()
-        return [r[0] for r in host], [r[1:] for r in host]
+        g = self.gamma
+        return Round([r[0] for r in host], [r[1 : g + 2] for r in host], [r[g + 2 :] for r in host])
 
     @torch.inference_mode()
     def launch(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Pending:
@@ -186,7 +196,8 @@ class ModelRunner:
         return attention.for_rows(self.fused, slots, positions)
 
     def _round(self, b: int, mode: Mode, constraints: list | None = None) -> torch.Tensor:
-        """Verify and re-draft rows ``row_slots[:b]``; returns [b, 1 + γ + 1]: n, then the tokens. Device work only
+        """Verify and re-draft rows ``row_slots[:b]``; returns [b, 1 + (γ + 1) + γ]: n, the tokens, the drafts verified.
+        Device work only
         unless ``constraints`` (grammar masks are computed on the host from the drafts and the emitted tokens)."""
         g = self.gamma
         self.ctx_len[self.scratch :].zero_()  # padding rows start from position 0 every round
@@ -221,7 +232,7 @@ class ModelRunner:
             inp = DraftInput(out, taps, meta, index * (g + 1) + n, positions[index, n], rows, temperature, top_k,
                              top_p, u_draft, mode.filtering, guides)
             self._store_drafts(rows, *self.proposer.propose(inp, self._meta_for))
-        return torch.cat([n.unsqueeze(1), out], dim=1)
+        return torch.cat([n.unsqueeze(1), out, drafts], dim=1)
 
     def _store_drafts(self, slots: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
         """Pending drafts for the next verification; their distributions only matter to sampling rows."""

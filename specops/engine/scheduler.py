@@ -21,12 +21,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class Output:
+    """``provenance`` (when asked for): one record per speculative round after the first token (which the target
+    sampled at prefill): ``drafts`` (the γ tokens proposed), ``accepted`` (n: drafts 0..n-1 were kept),
+    ``tokens`` (the n + 1 the round produced: the accepted drafts, then at draft position n the target's correction
+    of the rejected draft ``drafts[n]``, or after all γ its bonus token) and ``emitted`` (how many of them are in
+    the output: fewer when a stop condition cut the round; counters count the whole round, as vLLM's do)."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
     finish_reason: str  # "stop" | "length"
     spec: SpecStats
+    provenance: list[dict] | None = None
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Request:
     finish_reason: str | None = None
     text: str | None = None  # set when a stop string ended the request: the output text cut before it
     constraint: Constraint | None = None  # grammar the output must follow (masks target logits and drafts)
+    provenance: list[dict] | None = None  # per round, when asked for (see Output)
 
 
 class Scheduler:
@@ -62,7 +70,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            constraint: Constraint | None = None) -> None:
+            constraint: Constraint | None = None, provenance: bool = False) -> None:
         if request_id in self.requests:
             raise SpecopsError(f"duplicate request id {request_id!r}")
         prompt = [int(t) for t in prompt_token_ids]
@@ -75,7 +83,8 @@ class Scheduler:
         if params.stop and self.tokenizer is None:
             raise SpecopsError("stop strings need an engine with a tokenizer")
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        req = Request(request_id, prompt, params, frozenset(stop_ids), constraint=constraint)
+        req = Request(request_id, prompt, params, frozenset(stop_ids), constraint=constraint,
+                      provenance=[] if provenance else None)
         self.requests[request_id] = req
         self.waiting.append(req)
 
@@ -105,8 +114,9 @@ class Scheduler:
             admitted.append(req)
         return admitted
 
-    def emit(self, req: Request, tokens: list[int], outputs: list[StepOutput]) -> None:
-        """Append tokens one by one until a stop condition; nothing after the stopping token is kept."""
+    def emit(self, req: Request, tokens: list[int], outputs: list[StepOutput]) -> int:
+        """Append tokens one by one until a stop condition; nothing after the stopping token is kept. Returns how
+        many were appended."""
         p = req.params
         limit = min(p.max_tokens, self.max_seq_len - len(req.prompt))
         new = []
@@ -125,12 +135,13 @@ class Scheduler:
                 break
         if req.finish_reason is None:
             outputs.append(StepOutput(req.request_id, new, False, None))
-            return
+            return len(new)
         text = req.text if req.text is not None else self.decode_text(req.out)
-        out = Output(req.request_id, req.prompt, list(req.out), text, req.finish_reason, req.stats)
+        out = Output(req.request_id, req.prompt, list(req.out), text, req.finish_reason, req.stats, req.provenance)
         outputs.append(StepOutput(req.request_id, new, True, req.finish_reason, out))
         self.requests.pop(req.request_id, None)
         self._release(req)
+        return len(new)
 
     def decode_text(self, ids: list[int]) -> str:
         """Output text as vLLM returns it (special tokens skipped); empty for an engine built without tokenizer."""
