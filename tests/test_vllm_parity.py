@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from specops.analysis.acceptance import Tally
+from specops.analysis.alignment import token_classes
 from specops.engine.engine import Engine
 from specops.engine.sampling import SamplingParams
 from specops.engine.stats import SpecStats
@@ -71,7 +73,7 @@ def test_greedy_outputs_and_acceptance_match_vllm(model_dir, draft_dirs):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     for draft in draft_dirs:
         engine = Engine.load(model_dir, draft=draft, gamma=GAMMA, max_batch=16)
-        ours = engine.generate(prompts, params)
+        ours = engine.generate(prompts, params, provenance=True)
         ours_spec = SpecStats()
         for o in ours:
             ours_spec.merge(o.spec)
@@ -87,3 +89,9 @@ def test_greedy_outputs_and_acceptance_match_vllm(model_dir, draft_dirs):
         assert ours_spec.num_drafts > 0 and theirs.spec.num_drafts > 0, "speculative decoding did not run"
         a, b = ours_spec.mean_acceptance_length, theirs.spec.mean_acceptance_length
         assert abs(a - b) <= 0.05 * b, f"{draft.name}: mean acceptance length {a:.3f} (specops) vs {b:.3f} (vLLM)"
+        if all(same):  # the same tokens: the acceptance analysis' per-class counts add up to vLLM's counters
+            tally = Tally(GAMMA)
+            for o in ours:
+                tally.add(token_classes(tok, o.token_ids), o.provenance)
+            assert tally.num_accepted == theirs.spec.num_accepted_tokens and tally.rounds == theirs.spec.num_drafts
+            assert sum(tally.summary()["class_counts"][c]["accepted"] for c in tally.accepted) == tally.num_accepted

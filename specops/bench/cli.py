@@ -38,7 +38,8 @@ GPUS = typer.Option(1, "--gpus", help="GPUs the server uses (for cost).")
 MAX_BATCH = typer.Option(None, "--max-batch", help="Server batch limit (default: the largest concurrency).")
 
 
-def _config(**kw):
+def sweep_config(**kw):
+    """The SweepConfig of the options a sweep-like command received (its locals())."""
     from specops.bench import params
     from specops.bench.config import SweepConfig
 
@@ -51,6 +52,7 @@ def _config(**kw):
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
         num_prompts=kw["num_prompts"], max_tokens=kw["max_tokens"], warmup=kw["warmup"], seed=kw["seed"],
         ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
+        provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
     )
 
@@ -70,12 +72,14 @@ def sweep(
     num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP, seed: int = SEED,
     ignore_eos: bool = IGNORE_EOS, slo: str = SLO,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out; finished configurations are kept."),
+    provenance: bool = typer.Option(False, "--provenance", help="Record each answer's draft provenance (specops "
+                                                                "servers) for `specops acceptance --run`."),
     gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH,
 ) -> None:
     """Measure the γ × concurrency × temperature grid, one server per γ; resumable after any interruption."""
     from specops.bench.sweep import run_sweep
 
-    cfg = _config(**locals())
+    cfg = sweep_config(**locals())
     out_dir = run_sweep(cfg)
     typer.echo(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.csv'}, {out_dir / 'recommendation.json'}",
                err=True)
@@ -99,7 +103,7 @@ def bench(
     """Measure one configuration and print its metrics as JSON."""
     from specops.bench.sweep import run_bench
 
-    row = run_bench(_config(**locals()))
+    row = run_bench(sweep_config(**locals()))
     typer.echo(json.dumps(row, indent=2, ensure_ascii=False))
 
 

@@ -45,6 +45,7 @@ class SweepConfig:
     seed: int = 0
     top_p: float = 1.0
     ignore_eos: bool = False
+    provenance: bool = False  # record each answer's draft provenance (specops servers) for `specops acceptance`
     slo: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SLO))  # seconds
     resume: bool = False
     gpu_hourly_cost: Optional[float] = None
@@ -108,6 +109,7 @@ class SweepConfig:
             "ignore_eos": self.ignore_eos,
             "rate": self.rate,
             "max_batch": self.server_max_batch,
+            **({"provenance": True} if self.provenance else {}),
         }
 
     @property

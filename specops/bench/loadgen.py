@@ -33,6 +33,7 @@ class LoadSpec:
     top_p: float = 1.0
     ignore_eos: bool = False
     timeout_s: float = 300.0
+    provenance: bool = False  # ask the server (specops) for each answer's draft provenance
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ def payload(p: Prompt, spec: LoadSpec, idx: int) -> dict:
         body["seed"] = spec.seed + idx  # same sampling seed for the same request in every configuration
     if spec.ignore_eos:
         body["ignore_eos"] = True
+    if spec.provenance:
+        body["provenance"] = True
     return body
 
 
@@ -65,7 +68,7 @@ async def send(client: httpx.AsyncClient, spec: LoadSpec, idx: int, p: Prompt, t
     st = time.perf_counter()
     stamps: list[float] = []
     parts: list[str] = []
-    usage, finish, error, complete = None, None, None, False
+    usage, finish, error, complete, provenance = None, None, None, False, None
     try:
         async with client.stream("POST", f"{spec.base_url}/{p.endpoint}", json=payload(p, spec, idx)) as resp:
             if resp.status_code != 200:
@@ -92,6 +95,7 @@ async def send(client: httpx.AsyncClient, spec: LoadSpec, idx: int, p: Prompt, t
                             stamps.append(now)
                             parts.append(text)
                         finish = choice.get("finish_reason") or finish
+                        provenance = choice.get("provenance") or provenance
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
         error = f"{type(e).__name__}: {e}"[:200]
     end = time.perf_counter()
@@ -106,7 +110,7 @@ async def send(client: httpx.AsyncClient, spec: LoadSpec, idx: int, p: Prompt, t
         itl_s=tuple(float(b - a) for a, b in zip(stamps, stamps[1:])),
         output_tokens=int(usage["completion_tokens"]) if tokens_from == "usage" else len(stamps),
         prompt_tokens=int(usage["prompt_tokens"]) if usage and usage.get("prompt_tokens") is not None else None,
-        tokens_from=tokens_from, finish_reason=finish, error=error, text="".join(parts),
+        tokens_from=tokens_from, finish_reason=finish, error=error, text="".join(parts), provenance=provenance,
     )
 
 

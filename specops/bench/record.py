@@ -28,3 +28,4 @@ class RequestRecord:
     finish_reason: Optional[str] = None
     error: Optional[str] = None
     text: str = ""
+    provenance: Optional[dict] = None  # the server's draft provenance of the answer, when the sweep asked for it

@@ -46,7 +46,7 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
     """Run one configuration against a running server."""
     spec = loadgen.LoadSpec(base_url=server.base_url, model=server.model_name, concurrency=point.concurrency,
                             temperature=point.temperature, max_tokens=cfg.max_tokens, rate=cfg.rate, seed=cfg.seed,
-                            api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos,
+                            api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos, provenance=cfg.provenance,
                             timeout_s=cfg.request_timeout_s)
     if cfg.warmup:
         warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)

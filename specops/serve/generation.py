@@ -29,6 +29,7 @@ class Choice:
     detok: Detokenizer
     finish_reason: Optional[str] = None
     done: bool = False
+    provenance: Optional[dict] = None  # when the request asked for it and the engine finished the choice
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +119,7 @@ class Generation:
                     idx = p_idx * n + j
                     rid = f"{self.id}-{idx}"
                     state.runner.submit(rid, prompt, params[idx], self._queue, tag=idx,
-                                        constraint=constraints[idx])
+                                        constraint=constraints[idx], provenance=self.req.provenance)
                     self.choices.append(Choice(idx, p_idx, rid, Detokenizer(state.tokenizer, self.req.stops)))
         except SpecopsError as e:  # shutting down
             for c in self.choices:
@@ -146,6 +147,7 @@ class Generation:
                 self.state.metrics.generation_tokens.labels(self.state.model_name).inc(choice.num_tokens - before)
                 if choice.detok.stopped or ev.finished:
                     choice.done = True
+                    choice.provenance = ev.provenance
                     remaining -= 1
                     choice.finish_reason = "stop" if choice.detok.stopped else (ev.finish_reason or "stop")
                     if not ev.finished:  # stopped by a stop string: the engine is still decoding it

@@ -51,6 +51,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     response_format: Optional[ResponseFormat] = None
+    provenance: bool = False  # extension: each choice carries where its tokens came from (drafts, acceptance)
     logprobs: Optional[Any] = None
     tools: Optional[list[Any]] = None
 

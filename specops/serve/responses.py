@@ -21,12 +21,15 @@ def envelope(gen: Generation, chunked: bool) -> dict:
 
 
 def chunk(gen: Generation, index: int, text: Optional[str], finish_reason: Optional[str], first: bool = False) -> dict:
-    """One choice's streamed piece; for chat the ``first`` chunk announces the assistant role."""
+    """One choice's streamed piece; for chat the ``first`` chunk announces the assistant role. A choice's last
+    chunk carries its provenance when the request asked for it."""
     if gen.endpoint == "chat":
         delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if finish_reason is not None and gen.req.provenance:
+        choice["provenance"] = gen.choices[index].provenance
     return {**envelope(gen, chunked=True), "choices": [choice]}
 
 
@@ -41,4 +44,7 @@ def full(gen: Generation, texts: dict[int, str]) -> dict:
     else:
         choices = [{"index": c.index, "text": texts[c.index], "logprobs": None, "finish_reason": c.finish_reason}
                    for c in gen.choices]
+    if gen.req.provenance:
+        for c, out in zip(gen.choices, choices):
+            out["provenance"] = c.provenance
     return {**envelope(gen, chunked=False), "choices": choices, "usage": gen.usage()}

@@ -30,6 +30,7 @@ class Event:
     finish_reason: str | None = None
     error: str | None = None
     client_error: bool = False  # the error is the request's fault (a 400), not the server's
+    provenance: dict | None = None  # on the finishing event, when asked: output token ids and per-round records
 
 
 @dataclass
@@ -70,14 +71,14 @@ class EngineRunner:
         return self._thread.is_alive()
 
     def submit(self, request_id: str, prompt_ids: list[int], params, queue: asyncio.Queue, tag: int = 0,
-               constraint: Any = None) -> None:
+               constraint: Any = None, provenance: bool = False) -> None:
         """Queue a request; its events arrive on ``queue`` (from the calling event loop)."""
         sink = _Sink(asyncio.get_running_loop(), queue, tag)
         with self._cv:
             if self._stopping:
                 raise SpecopsError("server is shutting down")
             self._outstanding += 1
-            self._inbox.append(("add", request_id, prompt_ids, params, constraint, sink))
+            self._inbox.append(("add", request_id, prompt_ids, params, constraint, provenance, sink))
             self._cv.notify()
 
     def abort(self, request_id: str) -> None:
@@ -107,12 +108,9 @@ class EngineRunner:
                 self.engine.abort(rid)
                 self._release(rid)
             return
-        _, rid, prompt_ids, params, constraint, sink = cmd
+        _, rid, prompt_ids, params, constraint, provenance, sink = cmd
         try:
-            if constraint is None:
-                self.engine.add_request(rid, prompt_ids, params)
-            else:
-                self.engine.add_request(rid, prompt_ids, params, constraint=constraint)
+            self.engine.add_request(rid, prompt_ids, params, constraint=constraint, provenance=provenance)
         except SpecopsError as e:
             with self._cv:
                 self._outstanding -= 1
@@ -163,4 +161,7 @@ class EngineRunner:
                     continue
                 if out.finished:
                     self._release(out.request_id)
-                sink.put(Event(sink.tag, list(out.new_token_ids), out.finished, out.finish_reason))
+                prov = None
+                if out.output is not None and out.output.provenance is not None:
+                    prov = {"token_ids": out.output.token_ids, "rounds": out.output.provenance}
+                sink.put(Event(sink.tag, list(out.new_token_ids), out.finished, out.finish_reason, provenance=prov))
