@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast setup vllm-env fixtures clean
+.PHONY: demo test test-fast setup vllm-env browser fixtures clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -23,10 +23,15 @@ $(VLLM_STAMP): scripts/setup_vllm_env.sh
 
 vllm-env: $(VLLM_STAMP)
 
+# Headless Chromium for the report's browser test (Debian's package).
+browser:
+	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null || \
+		(apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)
+
 demo: $(STAMP)
 	$(VENV)/bin/specops demo
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) browser
 	SPECOPS_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/python -m pytest -q
 
 test-fast: $(STAMP)

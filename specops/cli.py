@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from specops.engine.config import DTYPES, LORA_MODES, EngineConfig
-from specops.errors import clean_errors
+from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(
     name="specops",
@@ -22,8 +22,11 @@ app = typer.Typer(
 
 
 def _register_subcommands() -> None:
+    from specops.analysis.cli import acceptance
     from specops.bench import cli as bench_cli
     from specops.fixtures.cli import app as fixtures_app
+    from specops.quality.cli import quality
+    from specops.study import cli as study_cli
     from specops.task.cli import app as task_app
     from specops.training.cli import train_draft
 
@@ -32,6 +35,10 @@ def _register_subcommands() -> None:
     app.command("train-draft")(train_draft)
     app.command("bench")(bench_cli.bench)
     app.command("sweep")(bench_cli.sweep)
+    app.command("acceptance")(acceptance)
+    app.command("quality")(quality)
+    app.command("study")(study_cli.study)
+    app.command("report")(study_cli.report)
 
 
 _register_subcommands()
@@ -113,16 +120,57 @@ def serve(
 
 
 @app.command()
-@clean_errors
+@clean_errors(interrupted="interrupted; run the demo again to continue where it stopped")
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Folder for summary.json and outputs.jsonl."),
-    num_queries: int = typer.Option(32, "--num-queries", min=1, help="Held-out synthetic shopper queries."),
-    gamma: int = typer.Option(3, "--gamma", min=1, help="Speculative tokens per step for the draft run."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory of the demo study (report.html inside)."),
+    num_queries: int = typer.Option(24, "--num-queries", min=1, help="Held-out synthetic shopper queries."),
+    gamma: int = typer.Option(3, "--gamma", min=1, help="Speculative tokens per step for the draft runs."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of re-using an earlier demo run."),
 ) -> None:
-    """Run the main job on the bundled fixtures: plain vs EAGLE-3, lossless check, quality, acceptance, speed."""
+    """The main job on the bundled fixtures: the study in miniature (sweep, quality, acceptance, recommendation,
+    report) through the embedded server; about 3 minutes on two CPU cores."""
     from specops import demo as demo_mod
 
-    demo_mod.run(out_dir=out, num_queries=num_queries, gamma=gamma)
+    report = demo_mod.run(out_dir=out, num_queries=num_queries, gamma=gamma, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+@app.command()
+@clean_errors
+def search(
+    params: str = typer.Option(..., "--params", help="One answer: the JSON search parameters (or @FILE)."),
+    k: int = typer.Option(10, "--k", min=1, help="Products to show."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog SQLite (default: fixtures/catalog.sqlite)."),
+) -> None:
+    """Run one answer's parameters as a search of the product catalog and print the products it finds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specops.fixtures.catalog import DEFAULT_PATH
+    from specops.task.catalog import open_catalog
+    from specops.task.catalog import search as run_search
+    from specops.task.schema import validate
+    from specops.task.scoring import parse
+
+    text = Path(params[1:]).read_text(encoding="utf-8") if params.startswith("@") else params
+    answer = parse(text)
+    if answer is None:
+        raise SpecopsError("--params holds no JSON object")
+    problems = validate(answer)
+    if problems:
+        raise SpecopsError("the parameters do not satisfy the contract: " + "; ".join(problems[:3]))
+    conn = open_catalog(catalog or DEFAULT_PATH)
+    try:
+        rows = run_search(conn, answer, k)
+    finally:
+        conn.close()
+    table = Table(title=f"{len(rows)} product(s)")
+    for col in ("id", "title", "price (USD)", "rating", "stock", "free shipping", "condition"):
+        table.add_column(col, justify="left" if col == "title" else "right")
+    for r in rows:
+        table.add_row(str(r["id"]), r["title"], f"{r['price_usd']:.2f}", f"{r['rating']:g}", str(r["stock"]),
+                      "yes" if r["free_shipping"] else "no", r["condition"])
+    Console().print(table)
 
 
 def main() -> None:

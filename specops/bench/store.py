@@ -4,6 +4,8 @@ Each finished configuration is written in one transaction with all its request r
 configuration is either wholly present or absent; WAL with ``synchronous=FULL`` makes a commit survive the
 process dying right after it. A configuration's key is a hash of its grid parameters; the run's fixed
 parameters (model, prompts, token budget, ...) are stored once and a resume with different ones is refused.
+Later stages of a study (quality, acceptance, ...) keep their finished results in the same file, one row per
+(stage, key), written atomically: a resumed study redoes only what it had not finished.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ CREATE TABLE IF NOT EXISTS configs (
 CREATE TABLE IF NOT EXISTS requests (
     config_key TEXT NOT NULL REFERENCES configs(key), idx INTEGER NOT NULL, record TEXT NOT NULL,
     PRIMARY KEY (config_key, idx));
+CREATE TABLE IF NOT EXISTS results (
+    stage TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, finished_at REAL NOT NULL,
+    PRIMARY KEY (stage, key));
 """
 
 
@@ -132,6 +137,23 @@ class RunStore:
                     self.conn.execute("SELECT record FROM requests WHERE config_key = ? ORDER BY idx", (key,))]
             out.append(StoredConfig(Point(gamma, conc, temp, rep), dur, json.loads(spec) if spec else None, recs))
         return out
+
+    def put_result(self, stage: str, key: str, value: Any) -> None:
+        with self._transaction():
+            self.conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)",
+                              (stage, key, json.dumps(value, sort_keys=True, ensure_ascii=False), time.time()))
+
+    def result(self, stage: str, key: str) -> Any:
+        row = self.conn.execute("SELECT value FROM results WHERE stage = ? AND key = ?", (stage, key)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def results(self, stage: str) -> dict[str, Any]:
+        """Every finished result of ``stage`` by key, in key order."""
+        return {k: json.loads(v) for k, v in
+                self.conn.execute("SELECT key, value FROM results WHERE stage = ? ORDER BY key", (stage,))}
+
+    def put_meta(self, key: str, value: Any) -> None:
+        self._put_meta({key: value})
 
     def close(self) -> None:
         self.conn.close()
