@@ -166,8 +166,8 @@ def _recommendation(rec: dict) -> str:
 
 
 def _kv(d: dict) -> str:
-    return _table(["setting", "value"], [[escape(str(k)), f'<span style="text-align:left">{escape(json.dumps(v) if not isinstance(v, str) else v)}</span>']
-                                         for k, v in d.items()])
+    return _table(["setting", "value"], [[escape(str(k)), escape(v if isinstance(v, str) else json.dumps(v))]
+                                         for k, v in d.items()], left=2)
 
 
 def render(data: dict) -> str:
