@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specops.engine.config import DTYPES, LORA_MODES, EngineConfig
+from specops.engine.config import DRAFTERS, DTYPES, LORA_MODES, EngineConfig
 from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(
@@ -56,12 +56,17 @@ MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded togeth
 MAX_SEQ_LEN = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request.")
 CUDA_GRAPHS = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                            help="On CUDA, replay each decode round as a captured CUDA graph.")
+DRAFTER = typer.Option("eagle3", "--drafter", help=f"{' | '.join(DRAFTERS)}: what proposes draft tokens. schema+eagle3 "
+                       "adds the tokens a request's JSON schema forces (beyond --gamma); schema proposes those alone, "
+                       "without a draft model.")
 
 
 def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: int,
-                  device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool) -> EngineConfig:
+                  device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool,
+                  drafter: str) -> EngineConfig:
     return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, device=device,
-                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs).validate()
+                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs,
+                        drafter=drafter).validate()
 
 
 @app.command()
@@ -78,17 +83,21 @@ def generate(
     seed: int = typer.Option(0, "--seed", help="Sampling seed (each request gets its own generator)."),
     provenance: bool = typer.Option(False, "--provenance",
                                     help="Add each output's per-round record: drafts proposed, accepted, emitted."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema",
+                                               help="JSON schema file every output must follow (constrained decoding)."),
+    drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS,
 ) -> None:
     """Decode a file of requests with the embedded engine (speculatively when --draft is given)."""
     from specops import generate as gen
 
-    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs)
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
+                        drafter)
     stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
-                    max_tokens=max_tokens, seed=seed, provenance=provenance)
+                    max_tokens=max_tokens, seed=seed, provenance=provenance, json_schema=json_schema)
     typer.echo(f"wrote {out}", err=True)
-    if draft is not None:
+    if stats["num_drafts"]:
         typer.echo(
             f"acceptance rate {stats['acceptance_rate']:.3f}, mean acceptance length {stats['mean_acceptance_length']:.3f}",
             err=True,
@@ -106,6 +115,7 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests in flight before answering 429."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Name clients send as 'model' (default: --model as given)."),
+    drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS,
 ) -> None:
@@ -115,7 +125,8 @@ def serve(
     from specops.serve.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs)
+    cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
+                        drafter)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from specops.engine.config import EngineConfig
 from specops.errors import SpecopsError
-from specops.inputs import read_records, record_prompt_ids
+from specops.inputs import read_records, record_prompt_ids, schema_format
 
 CHUNK = 64  # requests per engine call: results reach the output file as each chunk finishes
 
@@ -24,8 +24,10 @@ def run(
     max_tokens: int = 256,
     seed: int = 0,
     provenance: bool = False,
+    json_schema: Path | None = None,
 ) -> dict[str, Any]:
-    """Generate for every request in ``prompts`` with the engine ``cfg`` names; returns its total statistics."""
+    """Generate for every request in ``prompts`` with the engine ``cfg`` names, every output constrained to
+    ``json_schema`` when given; returns the engine's total statistics."""
     from rich.progress import Progress
 
     from specops.engine.engine import Engine
@@ -34,7 +36,12 @@ def run(
     records, _ = read_records(prompts)
     if max_tokens < 1:
         raise SpecopsError("--max-tokens must be at least 1")
+    if cfg.forced_tokens and json_schema is None:
+        raise SpecopsError(f"--drafter {cfg.drafter} drafts the tokens a schema forces: give --json-schema FILE")
+    response_format = schema_format(json_schema) if json_schema is not None else None
     engine = Engine.from_config(cfg)
+    if response_format is not None:
+        engine.constraint(response_format)  # compile it now: a bad schema fails before any decoding
     ids = []
     for i, rec in enumerate(records, 1):
         try:
@@ -47,9 +54,11 @@ def run(
         task = bar.add_task("generating", total=len(records))
         for start in range(0, len(records), CHUNK):
             batch = records[start : start + CHUNK]
-            for rec, o in zip(batch, engine.generate(ids[start : start + CHUNK], params, provenance=provenance)):
+            outputs = engine.generate(ids[start : start + CHUNK], params, provenance=provenance,
+                                      response_format=response_format)
+            for rec, o in zip(batch, outputs):
                 line = {"id": rec["id"], "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-                if cfg.draft is not None:
+                if engine.speculative:
                     line["spec"] = o.spec.to_dict()
                 if provenance:
                     line["provenance"] = o.provenance
@@ -57,3 +66,4 @@ def run(
             f.flush()
             bar.advance(task, len(batch))
     return engine.stats.to_dict()
+

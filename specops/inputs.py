@@ -8,6 +8,7 @@ without adding special tokens again), so the same request gives the same prompt 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -100,3 +101,16 @@ def prompt_ids(tokenizer, inp: Input) -> list[int]:
 def record_prompt_ids(tokenizer, record: dict[str, Any]) -> list[int]:
     """Prompt ids for one input record carrying exactly one of ``query``, ``prompt`` or ``messages``."""
     return prompt_ids(tokenizer, parse_input(record))
+
+
+def schema_format(path: Path) -> dict[str, Any]:
+    """The response_format for a JSON schema file (``--json-schema``)."""
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecopsError(f"--json-schema: file not found: {path}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecopsError(f"--json-schema: {path} is not JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise SpecopsError(f"--json-schema: {path} must hold a JSON object (a schema)")
+    return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": schema}}

@@ -65,14 +65,26 @@ def test_tally_attributes_reached_positions_only():
     t = Tally(3)
     # round 1: 2 accepted (tokens 1, 2), correction at position 2 (token 3); round 2: all 3 accepted (4..6) + bonus 7;
     # round 3: 0 accepted, correction at position 0 (token 8); round 4 cut by a stop after 1 emitted token.
-    t.add(classes, [{"accepted": 2, "emitted": 3}, {"accepted": 3, "emitted": 4}, {"accepted": 0, "emitted": 1},
-                    {"accepted": 1, "emitted": 1}])
+    t.add(classes, [{"accepted": a, "emitted": e, "drafts": [0] * 3} for a, e in ((2, 3), (3, 4), (0, 1), (1, 1))])
     s = t.summary()
     assert s["num_accepted_tokens"] == 6 and s["rounds"] == 4 and s["accepted_per_pos"] == [3, 2, 1]
     assert s["class_counts"]["key"] == {"accepted": 2, "rejected": 1}
     assert s["class_counts"]["string"] == {"accepted": 4, "rejected": 1}
     assert s["class_counts"]["after stop"] == {"accepted": 0, "rejected": 1}
     assert s["schema_rejection_share"] == pytest.approx(1 / 3)
+
+
+def test_tally_follows_rounds_of_any_width():
+    """Schema-aware drafting: rounds draft γ tokens or more, and a round that drafted nothing is not one."""
+    classes = [("punct", None)] + [("key", "a")] * 5 + [("string", "a")] * 4
+    t = Tally(2)
+    t.add(classes, [{"accepted": 4, "emitted": 5, "drafts": [0] * 5}, {"accepted": 0, "emitted": 1, "drafts": []},
+                    {"accepted": 1, "emitted": 2, "drafts": [0] * 2}])
+    s = t.summary()
+    assert s["rounds"] == 2 and s["num_draft_tokens"] == 7 and s["accepted_per_pos"] == [2, 1, 1, 1, 0]
+    assert s["class_counts"]["key"] == {"accepted": 4, "rejected": 1}  # tokens 1-4 kept, 5 the correction
+    assert s["class_counts"]["string"] == {"accepted": 1, "rejected": 1}  # token 7 kept, 8 the correction
+    assert len(s["class_by_position"]["key"]) == 5
 
 
 def test_per_class_counts_sum_to_the_engine_counters(tmp_path):

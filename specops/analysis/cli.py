@@ -62,6 +62,8 @@ def acceptance(
     json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Constrain every answer to this JSON "
                                                                            "schema (file)."),
     gamma: int = typer.Option(3, "--gamma", min=1, help="Speculative tokens per step."),
+    drafter: str = typer.Option("eagle3", "--drafter", help="eagle3 | schema+eagle3 (adds the tokens the schema "
+                                                            "forces; needs --json-schema)."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Use the first N prompts."),
@@ -79,7 +81,7 @@ def acceptance(
     from specops.engine.config import EngineConfig
     from specops.engine.sampling import SamplingParams
     from specops.files import read_json, write_json
-    from specops.inputs import read_records, record_prompt_ids
+    from specops.inputs import read_records, record_prompt_ids, schema_format
     from specops.models.target import load_tokenizer
 
     if model is None:
@@ -94,14 +96,13 @@ def acceptance(
     else:
         if not draft:
             raise SpecopsError("--prompts needs at least one --draft")
-        cfg = EngineConfig(model=model, lora=lora, gamma=gamma, device=device, dtype=dtype).validate()
+        if drafter.startswith("schema") and json_schema is None:
+            raise SpecopsError(f"--drafter {drafter} drafts the tokens a schema forces: give --json-schema FILE")
+        cfg = EngineConfig(model=model, lora=lora, gamma=gamma, device=device, dtype=dtype, drafter=drafter).validate()
         for d in draft:
             if not Path(d).is_dir():
                 raise SpecopsError(f"--draft: directory not found: {d}")
-        fmt = None
-        if json_schema is not None:
-            schema = read_json(json_schema)
-            fmt = {"type": "json_schema", "json_schema": {"name": json_schema.stem, "schema": schema}}
+        fmt = schema_format(json_schema) if json_schema is not None else None
         records, _ = read_records(prompts)
         records = records[:num_prompts] if num_prompts else records
         ids = [record_prompt_ids(tokenizer, r) for r in records]

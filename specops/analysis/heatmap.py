@@ -17,16 +17,17 @@ def write(drafts: dict[str, dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(drafts), figsize=(3.4 * len(drafts) + 2.2, 0.45 * len(classes) + 1.8), squeeze=False,
                              sharey=True)
     for ax, (name, d) in zip(axes[0], drafts.items()):
-        grid = np.array([[np.nan if v is None else v for v in d["class_by_position"].get(c, [None] * d["gamma"])]
+        width = len(d["accepted_per_pos"])  # γ, or more where schema-forced tokens lengthened rounds
+        grid = np.array([[np.nan if v is None else v for v in d["class_by_position"].get(c, [None] * width)]
                          for c in classes], dtype=float)
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(d["gamma"]), [str(p + 1) for p in range(d["gamma"])])
+        ax.set_xticks(range(width), [str(p + 1) for p in range(width)])
         ax.set_yticks(range(len(classes)), classes)
         ax.tick_params(axis="y", labelleft=ax is axes[0][0])
         ax.set_xlabel("draft position")
         ax.set_title(f"{name}\nacceptance {d['acceptance_rate']:.2f}", fontsize=10)
         for i in range(len(classes)):
-            for j in range(d["gamma"]):
+            for j in range(width):
                 if not np.isnan(grid[i, j]):
                     ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
     fig.colorbar(im, ax=axes[0].tolist(), label="kept when reached")

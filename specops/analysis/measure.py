@@ -53,7 +53,7 @@ def measure(cfg: EngineConfig, drafts: list[Path], prompts: list[list[int]], par
     out = {}
     for name, d in zip(draft_names(drafts), drafts):
         engine = Engine.from_config(replace(cfg, draft=Path(d)))
-        if engine.gamma == 0:
+        if not engine.speculative:
             raise SpecopsError("acceptance needs γ ≥ 1")
         outs = decode(engine, prompts, params, response_format,
                       None if progress is None else (lambda n, name=name: progress(name, n, len(prompts))))
@@ -64,7 +64,9 @@ def measure(cfg: EngineConfig, drafts: list[Path], prompts: list[list[int]], par
         summary["engine_counters"] = engine.stats.to_dict()
         summary["matches_engine"] = (tally.num_accepted == engine.stats.num_accepted_tokens
                                      and tally.rounds == engine.stats.num_drafts
-                                     and tally.accepted_per_pos == engine.stats.accepted_per_pos[: engine.gamma])
+                                     and tally.draft_tokens == engine.stats.num_draft_tokens
+                                     and tally.accepted_per_pos[: len(engine.stats.accepted_per_pos)]
+                                     == engine.stats.accepted_per_pos)
         out[name] = summary
         del engine
     return {"drafts": out, "advice": advise(out)}

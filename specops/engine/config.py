@@ -13,12 +13,16 @@ from specops.errors import SpecopsError
 LORA_MODES = ("merged", "unmerged")
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DRAFTERS = ("eagle3", "schema", "schema+eagle3")
+FORCED_TOKENS = 16  # schema-aware drafting: the most forced tokens a row drafts beyond γ in one round
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """``gamma`` is the number of speculative tokens per step; without a ``draft`` decoding is plain (γ = 0).
-    ``lora_mode``: merged folds the adapter into the weights at load, unmerged adds it in the forward."""
+    ``lora_mode``: merged folds the adapter into the weights at load, unmerged adds it in the forward.
+    ``drafter``: ``eagle3`` proposes with the draft alone; ``schema+eagle3`` adds the tokens a request's JSON schema
+    forces, beyond γ; ``schema`` proposes forced tokens alone, with no draft model."""
 
     model: Path
     lora: Optional[Path] = None
@@ -30,6 +34,7 @@ class EngineConfig:
     max_batch: int = 16
     max_seq_len: int = 1024
     cuda_graphs: bool = True  # on CUDA, replay each decode round as a captured graph
+    drafter: str = "eagle3"
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 → bfloat16
@@ -49,6 +54,10 @@ class EngineConfig:
             raise SpecopsError(f"--device must be cpu, cuda or cuda:N, not {self.device!r}")
         if self.gamma < 0:
             raise SpecopsError(f"--gamma must be >= 0, got {self.gamma}")
+        if self.drafter not in DRAFTERS:
+            raise SpecopsError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
+        if self.drafter == "schema" and self.draft is not None:
+            raise SpecopsError("--drafter schema proposes forced tokens alone: drop --draft, or use schema+eagle3")
         if self.max_batch < 1:
             raise SpecopsError(f"--max-batch must be >= 1, got {self.max_batch}")
         if self.max_seq_len < 16:
@@ -56,9 +65,9 @@ class EngineConfig:
         return self
 
     @property
-    def speculative_gamma(self) -> int:
-        """γ as run: 0 without a draft."""
-        return self.gamma if self.draft is not None else 0
+    def forced_tokens(self) -> int:
+        """Forced tokens a row may draft beyond γ: 0 unless the drafter uses the schema."""
+        return FORCED_TOKENS if self.drafter.startswith("schema") else 0
 
     @property
     def torch_dtype(self):
@@ -74,6 +83,8 @@ class EngineConfig:
             args += ["--lora", str(self.lora), "--lora-mode", self.lora_mode]
         if self.draft is not None:
             args += ["--draft", str(self.draft), "--gamma", str(self.gamma)]
+        if self.drafter != "eagle3":
+            args += ["--drafter", self.drafter]
         if not self.cuda_graphs:
             args.append("--no-cuda-graphs")
         return args

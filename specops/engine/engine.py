@@ -48,10 +48,13 @@ class Engine:
         cuda_graphs: bool = True,
         bucket_padding: bool | None = None,
         overlap: bool | None = None,
+        forced_tokens: int = 0,
     ):
         """``cuda_graphs``: capture rounds as CUDA graphs where the fused kernels run (CUDA); ``bucket_padding``:
         pad batches to the graph buckets (default: exactly when graphs are used); ``overlap``: queue each round
-        before reading the previous one (default: on CUDA)."""
+        before reading the previous one (default: on CUDA); ``forced_tokens``: schema-aware drafting, the most
+        schema-forced tokens a constrained request drafts beyond γ per round (0: off; without a draft, forced
+        tokens alone)."""
         if gamma < 0:
             raise SpecopsError(f"gamma must be >= 0, got {gamma}")
         self.model = model.eval()
@@ -68,19 +71,22 @@ class Engine:
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_id))
         self.device = model.model.embed_tokens.weight.device
-        self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding)
+        self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding,
+                                  forced_tokens)
+        self.speculative = self.draft is not None or forced_tokens > 0  # outputs carry acceptance counters
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet
         self.stats = SpecStats()
         self._ids = itertools.count()
+        self._grammars = None  # compiled on first use by ``constraint``
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, draft_model: Eagle3Draft | None = None) -> "Engine":
         """Load what ``cfg`` names; ``draft_model`` (an EAGLE-3 draft already built) stands in for ``cfg.draft``."""
         cfg.validate()
         gamma = cfg.gamma if (cfg.draft is not None or draft_model is not None) else 0
-        capacity = cfg.max_seq_len + 2 * gamma + 2
+        capacity = cfg.max_seq_len + 3 * (gamma + cfg.forced_tokens) + 2
         model, _ = load_target(cfg.model, lora=cfg.lora, lora_mode=cfg.lora_mode, device=cfg.device,
                                dtype=cfg.torch_dtype, max_len=capacity)
         tokenizer = load_tokenizer(cfg.model, model.config.vocab_size)
@@ -89,7 +95,8 @@ class Engine:
             draft = fuse_projections(Eagle3Draft.load(cfg.draft, model, max_len=capacity))
         fuse_projections(model)
         return cls(model, tokenizer, draft=draft, gamma=gamma, max_batch=cfg.max_batch, max_seq_len=cfg.max_seq_len,
-                   eos_token_ids=eos_token_ids(cfg.model, model, tokenizer), cuda_graphs=cfg.cuda_graphs)
+                   eos_token_ids=eos_token_ids(cfg.model, model, tokenizer), cuda_graphs=cfg.cuda_graphs,
+                   forced_tokens=cfg.forced_tokens)
 
     @classmethod
     def load(cls, model_dir: str | Path, draft: str | Path | Eagle3Draft | None = None, **settings) -> "Engine":
@@ -104,6 +111,14 @@ class Engine:
                     constraint: Constraint | None = None, provenance: bool = False) -> None:
         """Queue a request. ``provenance``: record where each output token came from (``Output.provenance``)."""
         self.scheduler.add(request_id, prompt_token_ids, params, constraint, provenance)
+
+    def constraint(self, response_format: dict) -> Constraint:
+        """A fresh grammar constraint for one request (``response_format`` as in the OpenAI API), ending on EOS."""
+        if self._grammars is None:
+            from specops.engine.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.vocab_size)
+        return self._grammars.constraint(response_format, self.eos_token_ids)
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
@@ -143,8 +158,8 @@ class Engine:
         for r, k, toks, drafts in zip(reqs, result.accepted, result.tokens, result.drafts):
             if self.scheduler.running.get(r.slot) is not r:
                 continue
-            r.stats.record(self.gamma, k)
-            self.stats.record(self.gamma, k)
+            r.stats.record(len(drafts), k)  # forced drafts count like any other, as vLLM counts them
+            self.stats.record(len(drafts), k)
             if r.provenance is not None:
                 r.provenance.append({"drafts": drafts, "accepted": k, "tokens": toks[: k + 1], "emitted": 0})
             emitted = self.scheduler.emit(r, toks[: k + 1], outputs)
@@ -152,14 +167,16 @@ class Engine:
                 r.provenance[-1]["emitted"] = emitted
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], progress: bool = False,
-                 provenance: bool = False) -> list[Output]:
+                 provenance: bool = False, response_format: dict | None = None) -> list[Output]:
+        """Decode every prompt to the end; ``response_format`` (json_schema / json_object) constrains them all."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise SpecopsError(f"{len(params)} sampling params for {len(prompts)} prompts")
         ids = [f"generate-{next(self._ids)}" for _ in prompts]
         for rid, prompt, p in zip(ids, prompts, params):
-            self.add_request(rid, prompt, p, provenance=provenance)
+            c = self.constraint(response_format) if response_format is not None else None
+            self.add_request(rid, prompt, p, constraint=c, provenance=provenance)
         done: dict[str, Output] = {}
         bar = None
         if progress:

@@ -9,6 +9,14 @@ proposals with them only raises acceptance. Emitted tokens are then ``commit``te
 
 Compilation follows vLLM's xgrammar backend (``any_whitespace=True``, strict mode; ``json_object`` is
 xgrammar's built-in JSON grammar), so both servers constrain a request to the same language.
+
+Forced tokens (schema-aware drafting). Under ``any_whitespace`` almost nothing is forced to the letter (a space
+may follow every brace and comma), yet a model trained on canonical JSON writes the same separators every time.
+So a constraint also walks a second matcher for the schema without free whitespace (``json.dumps``'s own
+separators) and takes what *it* forces next, its jump-forward string, as the forced text: tokenized canonically,
+the last token dropped unless the text ends the output (that token may merge with the free text after it). These
+tokens are only proposals: the target verifies them under the real grammar, so output never depends on them.
+Once an emitted token leaves the canonical language the request drafts without forced tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ import json
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import xgrammar as xg
@@ -57,11 +66,13 @@ class Grammars:
         self.vocab_size = vocab_size
         info = xg.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xg.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._cache: OrderedDict[str, xg.CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[xg.CompiledGrammar, xg.CompiledGrammar | None]] = OrderedDict()
+        self._encode = lru_cache(maxsize=4096)(lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
         self._max_cached = max_cached
         self._lock = threading.Lock()
 
-    def compile(self, response_format: dict[str, Any]) -> xg.CompiledGrammar:
+    def compile(self, response_format: dict[str, Any]) -> tuple[xg.CompiledGrammar, xg.CompiledGrammar | None]:
+        """The grammar, and the same schema without free whitespace (None for ``json_object``)."""
         key = grammar_key(response_format)
         with self._lock:
             if key in self._cache:
@@ -69,9 +80,11 @@ class Grammars:
                 return self._cache[key]
         try:
             if key == "json_object":
-                compiled = self._compiler.compile_builtin_json_grammar()
+                compiled = self._compiler.compile_builtin_json_grammar(), None
             else:
-                compiled = self._compiler.compile_json_schema(key.split(":", 1)[1], any_whitespace=True)
+                schema = key.split(":", 1)[1]
+                compiled = (self._compiler.compile_json_schema(schema, any_whitespace=True),
+                            self._compiler.compile_json_schema(schema, any_whitespace=False))
         except RuntimeError as e:
             raise GrammarError(f"invalid JSON schema: {_short(e)}") from None
         with self._lock:
@@ -82,7 +95,8 @@ class Grammars:
 
     def constraint(self, response_format: dict[str, Any], stop_token_ids: Sequence[int]) -> "Constraint":
         """A fresh per-request constraint; ``stop_token_ids`` end the output once the grammar is complete."""
-        return Constraint(self.compile(response_format), self.vocab_size, stop_token_ids)
+        grammar, canonical = self.compile(response_format)
+        return Constraint(grammar, self.vocab_size, stop_token_ids, canonical, self._encode)
 
 
 def _short(e: Exception) -> str:
@@ -94,12 +108,18 @@ def _short(e: Exception) -> str:
 class Constraint:
     """One request's grammar state. Not thread-safe: used by the engine thread only."""
 
-    def __init__(self, compiled: xg.CompiledGrammar, vocab_size: int, stop_token_ids: Sequence[int]):
+    def __init__(self, compiled: xg.CompiledGrammar, vocab_size: int, stop_token_ids: Sequence[int],
+                 canonical: xg.CompiledGrammar | None = None, encode: Callable[[str], tuple[int, ...]] | None = None):
+        """``canonical`` and ``encode`` (text → token ids) give forced tokens (``Cursor.forced``)."""
         if not stop_token_ids:
             raise GrammarError("a constrained request needs at least one stop token to end on")
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self._matcher = xg.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
+        self._encode = encode
+        self._canonical = None  # the whitespace-free matcher while the output stays in its language
+        if encode is not None:
+            self._canonical = xg.GrammarMatcher(canonical or compiled, override_stop_tokens=self.stop_token_ids)
         self._bitmask = xg.allocate_token_bitmask(1, vocab_size)
         self._stop_only = torch.zeros(vocab_size, dtype=torch.bool)
         self._stop_only[self.stop_token_ids] = True
@@ -133,6 +153,8 @@ class Constraint:
         finally:
             if cursor.steps:
                 self._matcher.rollback(cursor.steps)
+            if cursor.canonical_steps:
+                self._canonical.rollback(cursor.canonical_steps)
 
     @contextmanager
     def drafting(self, pending: Sequence[int]) -> Iterator["Cursor"]:
@@ -163,6 +185,8 @@ class Constraint:
         for t in token_ids:
             if not self._matcher.accept_token(int(t)):
                 raise RuntimeError(f"token {int(t)} emitted outside the grammar")
+            if self._canonical is not None and not self._canonical.accept_token(int(t)):
+                self._canonical = None
 
 
 class Cursor:
@@ -171,7 +195,9 @@ class Cursor:
     def __init__(self, owner: Constraint):
         self._owner = owner
         self.steps = 0  # tokens the matcher accepted on this cursor (rolled back on exit)
+        self.canonical_steps = 0  # the same for the whitespace-free matcher
         self.dead = False  # a draft token was rejected: later positions are unreachable
+        self._canonical = owner._canonical  # None once a draft token leaves the canonical language
         self._last: torch.Tensor | None = None
 
     def mask(self) -> torch.Tensor:
@@ -191,5 +217,29 @@ class Cursor:
             self.dead = True
             return False
         self.steps += 1
+        if self._canonical is not None:
+            if self._canonical.accept_token(token_id):
+                self.canonical_steps += 1
+            else:
+                self._canonical = None
         return True
+
+    def forced(self) -> list[int]:
+        """The tokens the schema forces next, written canonically (see the module docstring); [] when none."""
+        c = self._canonical
+        if self.dead or c is None or c.is_terminated():
+            return []
+        text = c.find_jump_forward_string()
+        if not text:
+            return []
+        ids = list(self._owner._encode(text))
+        accepted = 0
+        for t in ids:  # does the text end the output? (then its last token cannot merge with anything)
+            if not c.accept_token(t):
+                break
+            accepted += 1
+        ends = accepted == len(ids) and c.is_completed() and not c.find_jump_forward_string()
+        if accepted:
+            c.rollback(accepted)
+        return ids[:accepted] if ends else ids[: min(accepted, len(ids) - 1)]
 

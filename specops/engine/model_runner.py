@@ -12,7 +12,9 @@ graphs, and runs the two kinds of step the scheduler asks for.
 A round is a fixed-shape function of those buffers. With the fused kernels on CUDA it is captured as a CUDA
 graph per (batch bucket, sampling mode) and replayed: the batch is padded up to its bucket with rows that point
 at a scratch slot nobody owns, so padding never touches a request's cache. Requests under a grammar need host
-work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU.
+work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU;
+with schema-aware drafting their rows also draft different numbers of tokens (γ free ones plus forced runs), so
+such a round is as wide as its longest row and verification knows each row's length.
 
 ``launch`` starts a round and ``collect`` waits for its result, so the engine can queue the next round before
 it reads the last one (the host's bookkeeping then overlaps the device's work). A request that finished in the
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specops.engine.proposer import DraftInput, Eagle3Proposer
+from specops.engine.proposer import DraftInput, Eagle3Proposer, Proposer, SchemaProposer
 from specops.engine.sampling import SamplingParams, SamplingState, logits_to_probs, mask_logits_, sample_from
 from specops.engine.verify import verify
 from specops.models import attention, kernels
@@ -50,14 +52,14 @@ class Pending:
     """A launched round: its rows' slots and where its result lands on the host (ready once ``done``)."""
 
     slots: list[int]
-    host: torch.Tensor  # [rows, 1 + (γ + 1) + γ]: n, the tokens, the drafts that were verified
+    host: torch.Tensor  # [rows, 2 + (w + 1) + w] for a round w drafts wide: n, the length, the tokens, the drafts
     done: object = field(default=None)  # a CUDA event, or None when the result is already there
 
 
 @dataclass
 class Round:
-    """A round's result per row: n accepted drafts; the γ + 1 tokens whose first n + 1 are emitted (the accepted
-    drafts, then the target's correction of draft n, or its bonus token after all γ); the γ drafts verified."""
+    """A round's result per row: n accepted drafts; the tokens whose first n + 1 are emitted (the accepted drafts,
+    then the target's correction of draft n, or its bonus token after the last draft); the drafts verified."""
 
     accepted: list[int]
     tokens: list[list[int]]
@@ -72,38 +74,47 @@ def buckets(max_batch: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, draft: Eagle3Draft | None, gamma: int, max_batch: int,
-                 max_seq_len: int, cuda_graphs: bool = True, bucket_padding: bool | None = None):
+                 max_seq_len: int, cuda_graphs: bool = True, bucket_padding: bool | None = None, forced: int = 0):
+        """``gamma``: free draft positions per round (the EAGLE-3 draft's); ``forced``: schema-forced tokens a row
+        under a grammar may draft on top of them (0: none; with no draft, forced tokens alone)."""
         self.model, self.draft, self.gamma = model, draft, gamma
+        self.width = gamma + forced  # the most drafts a row verifies in one round
         self.device = model.model.embed_tokens.weight.device
         self.fused = kernels.enabled(self.device) and kernels.supports(model.config.head_dim) and (
             draft is None or kernels.supports(draft.cfg.head_dim))
         self.use_graphs = cuda_graphs and self.fused and self.device.type == "cuda"
         pad = self.use_graphs if bucket_padding is None else bucket_padding
         self.buckets = buckets(max_batch) if pad else None
-        # Verification writes γ + 1 positions past the context and drafting γ more; a round that runs on past a
-        # request's end (see launch) adds as much again: room for all of it past max_seq_len.
-        capacity = max_seq_len + 3 * gamma + 2
+        # Verification writes up to width + 1 positions past the context and drafting width more; a round that runs
+        # on past a request's end (see launch) adds as much again: room for all of it past max_seq_len.
+        capacity = max_seq_len + 3 * self.width + 2
         for m, cfg in ((model, model.config), (draft, draft.cfg if draft is not None else None)):
             if m is not None and m.rotary.cos.shape[0] < capacity:
                 m.rotary = Rotary(cfg, capacity).to(self.device)
         self.scratch = max_batch  # the slot padding rows read and write
         slots, dev, v = max_batch + 1, self.device, model.config.vocab_size
         self.cache = model.new_cache(slots, capacity)
-        self.proposer = Eagle3Proposer(draft, gamma, slots, capacity) if draft is not None else None
+        self.proposer: Proposer | None = None
+        if draft is not None:
+            self.proposer = Eagle3Proposer(draft, gamma, slots, capacity, forced)
+        elif forced:
+            self.proposer = SchemaProposer(forced, v)
         self.tap_layers = draft.tap_layers if draft is not None else ()
         self.last_token = torch.zeros(slots, dtype=torch.long, device=dev)
         self.ctx_len = torch.zeros(slots, dtype=torch.long, device=dev)
-        self.drafts = torch.zeros(slots, gamma, dtype=torch.long, device=dev)
-        self.draft_probs = torch.zeros(slots, gamma, v, dtype=torch.float32, device=dev)
+        self.drafts = torch.zeros(slots, self.width, dtype=torch.long, device=dev)
+        self.draft_probs = torch.zeros(slots, self.width, v, dtype=torch.float32, device=dev)
+        self.draft_len = [gamma] * slots  # each slot's pending drafts (host side: only grammar rounds vary it)
         self.sampling = SamplingState(slots, dev)
         self.row_slots = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
-        self._steps = torch.arange(gamma + 1, device=dev)
+        self._steps = torch.arange(self.width + 1, device=dev)
         self._graphs: dict[tuple[int, Mode], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         # Host buffers in pairs, used in turn: one round's are read or written while the other round's copies are
         # still queued. Pinned, so a copy is queued without waiting for the device.
         pinned = self.device.type == "cuda"
-        self._host = [torch.zeros(max_batch, 2 * gamma + 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._host = [torch.zeros(max_batch * (2 * self.width + 3), dtype=torch.long, pin_memory=pinned)
+                      for _ in range(2)]
         self._rows = [torch.zeros(max_batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._turn = 0
 
@@ -113,8 +124,8 @@ class ModelRunner:
     def prefill(self, slots: list[int], prompts: list[list[int]], params: list[SamplingParams],
                 constraints: list | None = None) -> list[int]:
         """Admit requests into ``slots``: write their prompts to the caches, sample each first token, draft the
-        first γ tokens. Returns the first tokens."""
-        b, g, dev = len(slots), self.gamma, self.device
+        first drafts. Returns the first tokens."""
+        b, dev = len(slots), self.device
         self.sampling.admit(slots, params)
         lens = torch.tensor([len(p) for p in prompts], device=dev)
         slot_t = torch.tensor(slots, device=dev)
@@ -137,7 +148,7 @@ class ModelRunner:
                     mask_logits_(logits[i], c.mask())
         mode = Mode.of(params)
         temperature, top_k, top_p = self.sampling.rows(slot_t)
-        u = self.sampling.draw(slot_t, 1 + g) if mode.sampled else None
+        u = self.sampling.draw(slot_t, 1 + self.width) if mode.sampled else None
         if mode.sampled:
             first = sample_from(logits_to_probs(logits, temperature, top_k, top_p, mode.filtering), u[:, 0])
         else:
@@ -152,7 +163,7 @@ class ModelRunner:
                 guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
             inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
                              None if u is None else u[:, 1:], mode.filtering, guides)
-            self._store_drafts(slot_t, *self.proposer.propose(inp, self._meta_for))
+            self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
         return first.tolist()
 
     # -- decode rounds ------------------------------------------------------------------------------------------
@@ -166,8 +177,8 @@ class ModelRunner:
         if pending.done is not None:
             pending.done.synchronize()
         host = pending.host.tolist()
-        g = self.gamma
-        return Round([r[0] for r in host], [r[1 : g + 2] for r in host], [r[g + 2 :] for r in host])
+        w = (pending.host.shape[1] - 3) // 2
+        return Round([r[0] for r in host], [r[2 : w + 3] for r in host], [r[w + 3 : w + 3 + r[1]] for r in host])
 
     @torch.inference_mode()
     def launch(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Pending:
@@ -178,14 +189,15 @@ class ModelRunner:
         staged.copy_(torch.tensor(slots + [self.scratch] * (padded - b)))
         self.row_slots[:padded].copy_(staged, non_blocking=True)
         if constraints is not None:
-            result = self._round(padded, mode, constraints + [None] * (padded - b))
+            pad = [None] * (padded - b)
+            result = self._round(padded, mode, constraints + pad, slots + [self.scratch] * (padded - b))
         elif self.use_graphs:
             result = self._replay(padded, mode)
         else:
             result = self._round(padded, mode)
         if self.device.type != "cuda":
             return Pending(slots, result[:b])
-        host = self._host[self._turn][:b]
+        host = self._host[self._turn][: result[:b].numel()].view(b, -1)
         self._turn ^= 1
         host.copy_(result[:b], non_blocking=True)  # the round's one transfer back to the host
         done = torch.cuda.Event()
@@ -195,31 +207,37 @@ class ModelRunner:
     def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
         return attention.for_rows(self.fused, slots, positions)
 
-    def _round(self, b: int, mode: Mode, constraints: list | None = None) -> torch.Tensor:
-        """Verify and re-draft rows ``row_slots[:b]``; returns [b, 1 + (γ + 1) + γ]: n, the tokens, the drafts verified.
-        Device work only
+    def _round(self, b: int, mode: Mode, constraints: list | None = None, slots: list[int] | None = None
+               ) -> torch.Tensor:
+        """Verify and re-draft rows ``row_slots[:b]`` (whose slots are ``slots`` when given); returns
+        [b, 2 + (w + 1) + w]: n, the row's number of drafts, the tokens, the drafts verified. Device work only
         unless ``constraints`` (grammar masks are computed on the host from the drafts and the emitted tokens)."""
-        g = self.gamma
         self.ctx_len[self.scratch :].zero_()  # padding rows start from position 0 every round
         rows = self.row_slots[:b]
-        drafts = self.drafts[rows]
+        if constraints is None:
+            w, lengths = self.gamma, None
+        else:
+            counts = [self.draft_len[s] for s in slots]
+            w = max(counts)
+            lengths = torch.tensor(counts, device=rows.device) if min(counts) < w else None
+        drafts = self.drafts[rows, :w]
         tokens = torch.cat([self.last_token[rows].unsqueeze(1), drafts], dim=1)
-        positions = self.ctx_len[rows].unsqueeze(1) + self._steps
+        positions = self.ctx_len[rows].unsqueeze(1) + self._steps[: w + 1]
         meta = self._meta_for(rows, positions)
         logits, taps = self.model(tokens, self.cache, meta, self.tap_layers)
         if constraints is not None:  # before verification: lossless w.r.t. the constrained distribution
-            for i, (c, row) in enumerate(zip(constraints, drafts.tolist())):
+            for i, (c, row, k) in enumerate(zip(constraints, drafts.tolist(), counts)):
                 if c is not None:
-                    mask_logits_(logits[i], c.verification_masks(row))
+                    mask_logits_(logits[i, : k + 1], c.verification_masks(row[:k]))
         temperature, top_k, top_p = self.sampling.rows(rows)
         greedy = temperature == 0
         if mode.sampled:
             probs = logits_to_probs(logits, temperature, top_k, top_p, mode.filtering)
-            u = self.sampling.draw(rows, 2 * g + 1)
-            n, out = verify(logits, probs, drafts, self.draft_probs[rows], greedy, u[:, :g], u[:, g])
-            u_draft = u[:, g + 1 :]
+            u = self.sampling.draw(rows, w + 1 + (self.gamma if constraints is None else self.width))
+            n, out = verify(logits, probs, drafts, self.draft_probs[rows, :w], greedy, u[:, :w], u[:, w], lengths)
+            u_draft = u[:, w + 1 :]
         else:  # no distributions or random draws needed
-            n, out = verify(logits, None, drafts, None, greedy, None, None)
+            n, out = verify(logits, None, drafts, None, greedy, None, None, lengths)
             u_draft = None
         index = torch.arange(b, device=rows.device)
         self.ctx_len[rows] += n + 1
@@ -229,16 +247,25 @@ class ModelRunner:
             if constraints is not None:
                 emitted = [row[: k + 1] for row, k in zip(out.tolist(), n.tolist())]
                 guides = [c.drafting(e) if c is not None else None for c, e in zip(constraints, emitted)]
-            inp = DraftInput(out, taps, meta, index * (g + 1) + n, positions[index, n], rows, temperature, top_k,
+            inp = DraftInput(out, taps, meta, index * (w + 1) + n, positions[index, n], rows, temperature, top_k,
                              top_p, u_draft, mode.filtering, guides)
-            self._store_drafts(rows, *self.proposer.propose(inp, self._meta_for))
-        return torch.cat([n.unsqueeze(1), out, drafts], dim=1)
+            self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
+        counts = torch.full_like(n, w) if lengths is None else lengths
+        return torch.cat([n.unsqueeze(1), counts.unsqueeze(1), out, drafts], dim=1)
 
-    def _store_drafts(self, slots: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
-        """Pending drafts for the next verification; their distributions only matter to sampling rows."""
-        self.drafts[slots] = drafts
+    def _store_drafts(self, slots: list[int] | None, drafts: torch.Tensor, probs: torch.Tensor | None,
+                      lengths: torch.Tensor | None) -> None:
+        """Pending drafts for the next verification; their distributions only matter to sampling rows. ``slots``
+        (host side) when the drafts' lengths vary or differ from γ (``lengths``; None: every row drafted γ)."""
+        rows = self.row_slots[: drafts.shape[0]] if slots is None else torch.tensor(slots, device=self.device)
+        w = drafts.shape[1]
+        self.drafts[rows, :w] = drafts
         if probs is not None:
-            self.draft_probs[slots] = probs
+            self.draft_probs[rows, :w] = probs
+        if slots is not None:
+            counts = [w] * len(slots) if lengths is None else lengths.tolist()
+            for s, k in zip(slots, counts):
+                self.draft_len[s] = k
 
     # -- CUDA graphs --------------------------------------------------------------------------------------------
 

@@ -40,13 +40,16 @@ def verify(
     greedy: torch.Tensor,
     u_accept: torch.Tensor | None,
     u_sample: torch.Tensor | None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decide how many drafts each row keeps and the token that follows them.
 
     target_logits, target_probs: [B, γ+1, V] at the γ+1 verified positions; draft_tokens: [B, γ];
     draft_probs: [B, γ, V], the distribution each draft token was sampled from (one-hot for a greedy draft);
     greedy: [B] bool; u_accept: [B, γ], u_sample: [B] uniforms in [0, 1). A batch of greedy rows only needs none
-    of the distributions or uniforms: pass None for them.
+    of the distributions or uniforms: pass None for them. ``lengths`` [B]: each row's number of drafts when rows
+    draft different numbers (γ is then the widest); drafts past a row's length are never accepted and its bonus
+    token comes from the position after its last draft.
 
     Returns (num_accepted [B], tokens [B, γ+1]): tokens[b, :n+1] are the emitted tokens (n accepted drafts, then
     the bonus/recovered token); tokens[b, n+1:] keep the rejected drafts so the row is a valid shifted input
@@ -54,14 +57,19 @@ def verify(
     """
     b, g = draft_tokens.shape
     argmax = target_logits.argmax(dim=-1)  # [B, γ+1]
+    valid = None if lengths is None else torch.arange(g, device=draft_tokens.device) < lengths.view(b, 1)
     if target_probs is None:
-        n = (draft_tokens == argmax[:, :g]).long().cumprod(dim=-1).sum(dim=-1)
+        ok = draft_tokens == argmax[:, :g]
+        n = (ok if valid is None else ok & valid).long().cumprod(dim=-1).sum(dim=-1)
         tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(b, 1)], dim=1)
         return n, tokens.scatter_(1, n.view(b, 1), argmax.gather(1, n.view(b, 1)))
     if g:
         greedy_ok = draft_tokens == argmax[:, :g]
         sample_ok = u_accept < acceptance_probs(target_probs[:, :g], draft_probs, draft_tokens)
         ok = torch.where(greedy.view(b, 1), greedy_ok, sample_ok)
+        if valid is not None:
+            ok = ok & valid
+            draft_probs = draft_probs * valid.unsqueeze(-1)  # q = 0 after a row's last draft
         n = ok.long().cumprod(dim=-1).sum(dim=-1)
     else:
         n = torch.zeros(b, dtype=torch.long, device=draft_tokens.device)
