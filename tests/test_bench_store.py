@@ -29,6 +29,29 @@ def test_point_key_is_stable_and_ignores_number_spelling():
     assert len({Point(g, c, t, r).key for g in (0, 3) for c in (1, 4) for t in (0.0, 0.7) for r in (0, 1)}) == 16
 
 
+def test_the_drafter_is_part_of_a_key_only_when_it_is_not_eagle3():
+    assert Point(3, 4, 0.0, 0, "eagle3").key == Point(3, 4, 0.0, 0).key  # runs from before the axis keep their keys
+    assert len({Point(3, 4, 0.0, 0, d).key for d in ("eagle3", "schema+eagle3", "schema")}) == 3
+
+
+def test_a_store_from_before_the_drafter_axis_opens_and_reads_as_eagle3(tmp_path):
+    conn = sqlite3.connect(tmp_path / "runs.sqlite")
+    conn.executescript("""
+        CREATE TABLE configs (key TEXT PRIMARY KEY, gamma INTEGER NOT NULL, concurrency INTEGER NOT NULL,
+            temperature REAL NOT NULL, repeat INTEGER NOT NULL, duration_s REAL NOT NULL, spec TEXT,
+            finished_at REAL NOT NULL);""")
+    conn.execute("INSERT INTO configs VALUES (?, 3, 4, 0.0, 0, 2.0, NULL, 0)", (Point(3, 4, 0.0).key,))
+    conn.commit()
+    conn.close()
+    store = RunStore(tmp_path)
+    store.commit(StoredConfig(Point(3, 4, 0.0, 0, "schema+eagle3"), 1.0, None, records(1)))
+    points = [c.point for c in store.configs()]
+    assert points == [Point(3, 4, 0.0), Point(3, 4, 0.0, 0, "schema+eagle3")]
+    rows = grid_rows(store.configs(), {"e2e": 2.0})
+    assert [(r["drafter"], r["gamma"]) for r in rows] == [("eagle3", 3), ("schema+eagle3", 3)]
+    store.close()
+
+
 def test_commit_and_read_back(tmp_path):
     store = RunStore.open(tmp_path, FIXED, resume=False)
     spec = {"num_drafts": 4, "num_draft_tokens": 12, "num_accepted_tokens": 6, "accepted_per_pos": [3, 2, 1]}

@@ -167,6 +167,44 @@ def test_sweep_on_the_fixture_fills_every_field(tmp_path):
     assert "sweep summary" in done.stdout
 
 
+@pytest.mark.slow
+def test_schema_drafters_are_configurations_of_their_own(tmp_path):
+    """eagle3, schema+eagle3 and schema in one sweep under the contract's schema: one server each, every answer
+    schema-valid JSON, forced tokens counted as drafts, and the recommendation compares each drafter with eagle3."""
+    from jsonschema import Draft202012Validator
+
+    from specops.task.schema import SCHEMA
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    run = tmp_path / "run"
+    done = subprocess.run(sweep_argv(
+        "--model", str(FIXTURE / "target-merged"), "--draft", str(FIXTURE / "draft-domain"), "--gamma", "0,3",
+        "--drafter", "eagle3,schema+eagle3,schema", "--json-schema", str(schema), "--concurrency", "2",
+        "--temperature", "0", "--synthetic", "6", "--num-prompts", "4", "--max-tokens", "200", "--warmup", "1",
+        "--slo", "e2e=60s", "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run / "results.json").read_text())
+    grid = {(r["drafter"], r["gamma"]): r for r in results["configurations"]}
+    assert set(grid) == {("eagle3", 0), ("eagle3", 3), ("schema+eagle3", 3), ("schema", 0)}
+    assert results["fixed"]["json_schema"]["sha256"]
+    validator = Draft202012Validator(SCHEMA)
+    with sqlite3.connect(run / "runs.sqlite") as conn:
+        texts = [json.loads(r)["text"] for (r,) in conn.execute("SELECT record FROM requests")]
+    assert len(texts) == 16 and all(not list(validator.iter_errors(json.loads(t))) for t in texts)
+    assert grid[("eagle3", 0)]["acceptance"] is None
+    eagle, both, forced = (grid[k]["acceptance"] for k in (("eagle3", 3), ("schema+eagle3", 3), ("schema", 0)))
+    assert eagle["num_draft_tokens"] == 3 * eagle["num_drafts"]
+    assert both["num_draft_tokens"] > 3 * both["num_drafts"] and forced["num_drafts"] > 0
+    assert forced["acceptance_rate"] > 0.8
+    for r in grid.values():
+        assert r["errors"] == 0 and r["speedup_throughput"] is not None
+    (block,) = json.loads((run / "recommendation.json").read_text())["by_temperature"]
+    assert {d["drafter"] for d in block["drafters"]} == {"schema", "schema+eagle3"}
+    assert all(lv["gamma"] in (0, 3) for lv in block["levels"])  # the γ schedule is chosen among eagle3 rows
+    assert "drafter" in done.stdout
+
+
 def overlap(records) -> int:
     """Most requests in flight at once, from the records' [start, end] intervals."""
     events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_s, -1) for r in records])

@@ -30,6 +30,7 @@ class BackendConfig:
     lora: Optional[Path] = None
     draft: Optional[Path] = None
     gamma: int = 3
+    drafter: str = "eagle3"  # engine.config.DRAFTERS (embedded only)
     url: Optional[str] = None
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
@@ -64,7 +65,7 @@ class BackendConfig:
         """The embedded engine's settings for this config."""
         return EngineConfig(model=Path(self.model), lora=self.lora, lora_mode=self.lora_mode, draft=self.draft,
                             gamma=self.gamma, device=self.device, max_batch=self.max_batch,
-                            max_seq_len=self.max_seq_len)
+                            max_seq_len=self.max_seq_len, drafter=self.drafter)
 
     @property
     def model_name(self) -> str:

@@ -47,6 +47,8 @@ def sweep_config(**kw):
         out=kw["out"], backend=kw["backend"], model=kw["model"], lora=kw["lora"], draft=kw["draft"], url=kw["url"],
         api_key=kw["api_key"], vllm_python=kw["vllm_python"], vllm_args=list(kw["vllm_arg"]),
         gammas=params.int_list("--gamma", kw["gamma"], 0),
+        drafters=[d.strip() for d in kw.get("drafter", "eagle3").split(",") if d.strip()],
+        json_schema=kw.get("json_schema"),
         concurrencies=params.int_list("--concurrency", kw["concurrency"], 1),
         temperatures=params.float_list("--temperature", kw["temperature"], 0.0),
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
@@ -65,6 +67,11 @@ def sweep(
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,
     vllm_arg: list[str] = VLLM_ARG,
     gamma: str = typer.Option("0,1,3,5", "--gamma", help="Speculative tokens per step; 0 = no draft."),
+    drafter: str = typer.Option("eagle3", "--drafter", help="Drafters to compare, comma-separated: eagle3, "
+                                "schema+eagle3 (at each γ > 0), schema (forced tokens alone, once). The schema ones "
+                                "need --json-schema."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Every request asks for answers in this "
+                                               "JSON schema (response_format json_schema)."),
     concurrency: str = typer.Option("1,4,16,32,64", "--concurrency", help="Clients (closed loop) or in-flight cap."),
     temperature: str = typer.Option("0,0.7", "--temperature", help="Sampling temperatures."),
     repeats: int = typer.Option(1, "--repeats", help="Measurements per configuration (≥ 2 gives speedup CIs)."),
@@ -76,7 +83,8 @@ def sweep(
                                                                 "servers) for `specops acceptance --run`."),
     gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH,
 ) -> None:
-    """Measure the γ × concurrency × temperature grid, one server per γ; resumable after any interruption."""
+    """Measure the (drafter, γ) × concurrency × temperature grid, one server per (drafter, γ); resumable after any
+    interruption."""
     from specops.bench.sweep import run_sweep
 
     cfg = sweep_config(**locals())
@@ -92,6 +100,10 @@ def bench(
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,
     vllm_arg: list[str] = VLLM_ARG,
     gamma: str = typer.Option("3", "--gamma", help="Speculative tokens per step; 0 = no draft."),
+    drafter: str = typer.Option("eagle3", "--drafter", help="eagle3, schema+eagle3 or schema (the schema ones need "
+                                                            "--json-schema)."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Every request asks for answers in this "
+                                               "JSON schema (response_format json_schema)."),
     concurrency: str = typer.Option("1", "--concurrency", help="Clients (closed loop) or in-flight cap."),
     temperature: str = typer.Option("0", "--temperature", help="Sampling temperature."),
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,

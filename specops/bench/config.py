@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specops.backends import KINDS
+from specops.engine.config import DRAFTERS
 from specops.bench.store import Point
 from specops.bench.workload import dataset_digest
 from specops.errors import SpecopsError
@@ -33,6 +34,8 @@ class SweepConfig:
     vllm_python: Optional[Path] = None
     vllm_args: list[str] = field(default_factory=list)
     gammas: list[int] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
+    drafters: list[str] = field(default_factory=lambda: ["eagle3"])  # engine.config.DRAFTERS
+    json_schema: Optional[Path] = None  # every request asks for this schema (response_format json_schema)
     concurrencies: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))
     temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
     repeats: int = 1
@@ -62,6 +65,18 @@ class SweepConfig:
             raise SpecopsError("the grid is empty: give at least one --gamma, --concurrency and --temperature value")
         if min(self.gammas) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:
             raise SpecopsError("γ must be ≥ 0, concurrency ≥ 1 and temperature ≥ 0")
+        bad = [d for d in self.drafters if d not in DRAFTERS]
+        if bad or not self.drafters:
+            raise SpecopsError(f"--drafter takes a comma-separated list of {', '.join(DRAFTERS)}; got {bad or 'none'}")
+        if set(self.drafters) != {"eagle3"}:
+            if self.backend != "embedded":
+                raise SpecopsError("schema-aware drafters run on the embedded backend only; use --drafter eagle3")
+            if self.json_schema is None:
+                raise SpecopsError("schema-aware drafters draft what a schema forces: give --json-schema FILE")
+            if "schema+eagle3" in self.drafters and max(self.gammas) == 0:
+                raise SpecopsError("--drafter schema+eagle3 needs a γ > 0 in --gamma")
+        if self.json_schema is not None and not Path(self.json_schema).is_file():
+            raise SpecopsError(f"--json-schema: file not found: {self.json_schema}")
         if self.backend == "external":
             if not self.url:
                 raise SpecopsError("--backend external needs --url")
@@ -85,9 +100,18 @@ class SweepConfig:
         if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
             raise SpecopsError("--gpu-hourly-cost must be positive")
 
+    def servers(self) -> list[tuple[str, int]]:
+        """(drafter, γ) of each server the grid needs, in run order: eagle3 at every γ (γ = 0: plain decoding),
+        schema+eagle3 at every γ > 0, schema (no draft model) once, at γ = 0."""
+        out = []
+        for d in self.drafters:
+            gammas = {"eagle3": self.gammas, "schema+eagle3": [g for g in self.gammas if g > 0], "schema": [0]}[d]
+            out += [(d, g) for g in gammas]
+        return out
+
     def points(self) -> list[Point]:
-        """The grid in run order: γ outermost (one server each), then concurrency, temperature, repeat."""
-        return [Point(g, c, float(t), r) for g in self.gammas for c in self.concurrencies
+        """The grid in run order: (drafter, γ) outermost (one server each), then concurrency, temperature, repeat."""
+        return [Point(g, c, float(t), r, d) for d, g in self.servers() for c in self.concurrencies
                 for t in self.temperatures for r in range(self.repeats)]
 
     def fixed(self) -> dict[str, Any]:
@@ -109,9 +133,22 @@ class SweepConfig:
             "ignore_eos": self.ignore_eos,
             "rate": self.rate,
             "max_batch": self.server_max_batch,
+            **({"json_schema": _schema_digest(Path(self.json_schema))} if self.json_schema else {}),
             **({"provenance": True} if self.provenance else {}),
         }
 
     @property
+    def response_format(self) -> Optional[dict[str, Any]]:
+        from specops.inputs import schema_format
+
+        return schema_format(Path(self.json_schema)) if self.json_schema is not None else None
+
+    @property
     def server_max_batch(self) -> int:
         return self.max_batch or max(self.concurrencies)
+
+
+def _schema_digest(path: Path) -> dict[str, str]:
+    import hashlib
+
+    return {"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

@@ -34,6 +34,7 @@ class LoadSpec:
     ignore_eos: bool = False
     timeout_s: float = 300.0
     provenance: bool = False  # ask the server (specops) for each answer's draft provenance
+    response_format: Optional[dict] = None  # sent with every request (a json_schema constraint)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ def payload(p: Prompt, spec: LoadSpec, idx: int) -> dict:
         body["ignore_eos"] = True
     if spec.provenance:
         body["provenance"] = True
+    if spec.response_format is not None:
+        body["response_format"] = spec.response_format
     return body
 
 

@@ -5,7 +5,9 @@ no configuration met the SLO the choice falls back to throughput and says so. Ev
 speedup over γ = 0 is below 1 is flagged as a regression. The deployable form is vLLM's batch-size schedule
 ``num_speculative_tokens_per_batch_size: [[start_bs, end_bs, K], ...]`` (inclusive ranges starting at 1):
 the concurrency level c_i covers batch sizes (c_{i-1}, c_i], adjacent levels with the same γ merge, and vLLM
-carries the last K beyond the largest level measured.
+carries the last K beyond the largest level measured. That schedule is chosen among the EAGLE-3 rows; rows of
+other drafters (schema-aware drafting) are compared with it per level: the best of each drafter next to the best
+EAGLE-3 configuration.
 """
 
 from __future__ import annotations
@@ -75,9 +77,34 @@ def _temperature(rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
     }
 
 
+def drafter_levels(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per concurrency: each drafter's best configuration (by goodput, then throughput) against EAGLE-3's best."""
+    drafter = lambda r: r.get("drafter", "eagle3")  # noqa: E731  (rows from before the drafter axis have none)
+    out = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        at = [r for r in rows if r["concurrency"] == conc]
+        base = _best([r for r in at if drafter(r) == "eagle3"], lambda r: r["goodput_rps"])
+        for name in sorted({drafter(r) for r in at} - {"eagle3"}):
+            best = _best([r for r in at if drafter(r) == name], lambda r: r["goodput_rps"])
+            out.append({"concurrency": conc, "drafter": name, "gamma": best["gamma"],
+                        "output_tokens_per_s": best["output_tokens_per_s"], "eagle3_gamma": base["gamma"],
+                        "eagle3_output_tokens_per_s": base["output_tokens_per_s"],
+                        "throughput_vs_eagle3": best["output_tokens_per_s"] / base["output_tokens_per_s"]
+                        if base["output_tokens_per_s"] else None})
+    return out
+
+
 def recommend(rows: list[dict], draft: Optional[str] = None) -> dict[str, Any]:
     """Recommendation per temperature from grid rows (``results.grid_rows``)."""
     temps = sorted({r["temperature"] for r in rows})
+    eagle3 = [r for r in rows if r.get("drafter", "eagle3") == "eagle3"]
+    blocks = []
+    for t in temps:
+        block = _temperature([r for r in eagle3 if r["temperature"] == t], draft)
+        others = drafter_levels([r for r in rows if r["temperature"] == t])
+        if others:
+            block["drafters"] = others
+        blocks.append(block)
     return {"objective": "max goodput (requests/s meeting every SLO); ties and SLO misses by output tokens/s",
             "regression": "γ > 0 with throughput speedup over γ = 0 below 1 at the same concurrency and temperature",
-            "by_temperature": [_temperature([r for r in rows if r["temperature"] == t], draft) for t in temps]}
+            "by_temperature": blocks}

@@ -28,8 +28,8 @@ def acceptance(spec: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
 
 def run_row(cfg: StoredConfig, slo_s: dict[str, float]) -> dict[str, Any]:
     p = cfg.point
-    return {"key": p.key, "gamma": p.gamma, "concurrency": p.concurrency, "temperature": p.temperature,
-            "repeat": p.repeat, **summarize(cfg.records, cfg.duration_s, slo_s), "acceptance": acceptance(cfg.spec)}
+    return {"key": p.key, "drafter": p.drafter, "gamma": p.gamma, "concurrency": p.concurrency,
+            "temperature": p.temperature, "repeat": p.repeat, **summarize(cfg.records, cfg.duration_s, slo_s), "acceptance": acceptance(cfg.spec)}
 
 
 def _sum_spec(specs: list[Optional[dict]]) -> Optional[dict]:
@@ -55,15 +55,18 @@ def cost_per_mtok(tokens_per_s: float, hourly_usd: Optional[float], gpus: int) -
 
 def grid_rows(configs: list[StoredConfig], slo_s: dict[str, float], hourly_usd: Optional[float] = None,
               gpus: int = 1) -> list[dict[str, Any]]:
-    """One row per (γ, concurrency, temperature), with speedups against γ = 0 at the same load and temperature."""
+    """One row per (drafter, γ, concurrency, temperature), with speedups against plain decoding (γ = 0 with the
+    eagle3 drafter, i.e. no drafts) at the same load and temperature."""
     groups: dict[tuple, list[StoredConfig]] = defaultdict(list)
     for c in configs:
-        groups[(c.point.gamma, c.point.concurrency, c.point.temperature)].append(c)
+        groups[(c.point.drafter, c.point.gamma, c.point.concurrency, c.point.temperature)].append(c)
     runs = {k: [run_row(c, slo_s) for c in v] for k, v in groups.items()}
     rows = []
-    for (g, conc, temp), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
-        done = [r for c in groups[(g, conc, temp)] for r in c.records if r.ok]
-        row: dict[str, Any] = {"gamma": g, "concurrency": conc, "temperature": temp, "repeats": len(rs),
+    order = lambda kv: (kv[0][3], kv[0][2], kv[0][0] != "eagle3", kv[0][0], kv[0][1])  # noqa: E731
+    for (drafter, g, conc, temp), rs in sorted(runs.items(), key=order):
+        group = groups[(drafter, g, conc, temp)]
+        done = [r for c in group for r in c.records if r.ok]
+        row: dict[str, Any] = {"drafter": drafter, "gamma": g, "concurrency": conc, "temperature": temp, "repeats": len(rs),
                                "requests": sum(r["requests"] for r in rs), "completed": sum(r["completed"] for r in rs),
                                "errors": sum(r["errors"] for r in rs)}
         row.update({k: sum(r[k] for r in rs) / len(rs) for k in RATES})
@@ -72,8 +75,9 @@ def grid_rows(configs: list[StoredConfig], slo_s: dict[str, float], hourly_usd: 
         row["tpot_ms"] = distribution(t for t in map(tpot_s, done) if t is not None)
         row["itl_ms"] = distribution(x for r in done for x in r.itl_s)
         row["e2el_ms"] = distribution(r.e2e_s for r in done)
-        row["acceptance"] = acceptance(_sum_spec([c.spec for c in groups[(g, conc, temp)]])) if g > 0 else None
-        base = runs.get((0, conc, temp))
+        drafts = g > 0 or drafter != "eagle3"
+        row["acceptance"] = acceptance(_sum_spec([c.spec for c in group])) if drafts else None
+        base = runs.get(("eagle3", 0, conc, temp))
         if base is not None:
             row["speedup_throughput"] = _ci(ratio_ci([r["output_tokens_per_s"] for r in rs],
                                                      [r["output_tokens_per_s"] for r in base]))

@@ -22,9 +22,9 @@ from specops.bench.config import SweepConfig
 STATE = "server.json"
 
 
-def backend_config(cfg: SweepConfig, gamma: int) -> BackendConfig:
+def backend_config(cfg: SweepConfig, gamma: int, drafter: str = "eagle3") -> BackendConfig:
     return BackendConfig(kind=cfg.backend, model=cfg.model, lora=cfg.lora, draft=cfg.draft if gamma > 0 else None,
-                         gamma=max(gamma, 1), url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python,
+                         gamma=max(gamma, 1), drafter=drafter, url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python,
                          vllm_args=list(cfg.vllm_args), max_batch=cfg.server_max_batch,
                          startup_timeout_s=cfg.startup_timeout_s)
 
@@ -69,10 +69,11 @@ def preflight(cfg: SweepConfig) -> None:
 
 
 @contextmanager
-def serving(cfg: SweepConfig, gamma: int) -> Iterator[Backend]:
-    """A healthy server for ``gamma`` (no draft at γ = 0), recorded in the run directory while it runs."""
+def serving(cfg: SweepConfig, gamma: int, drafter: str = "eagle3") -> Iterator[Backend]:
+    """A healthy server for ``gamma`` (no draft at γ = 0) and ``drafter``, recorded in the run directory while it
+    runs."""
     state = Path(cfg.out) / STATE
-    with start_backend(backend_config(cfg, gamma)) as server:
+    with start_backend(backend_config(cfg, gamma, drafter)) as server:
         if server.process is not None:
             proc = server.process.proc
             state.write_text(json.dumps({"pid": proc.pid, "argv": [str(a) for a in proc.args]}))

@@ -29,7 +29,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS configs (
     key TEXT PRIMARY KEY, gamma INTEGER NOT NULL, concurrency INTEGER NOT NULL, temperature REAL NOT NULL,
-    repeat INTEGER NOT NULL, duration_s REAL NOT NULL, spec TEXT, finished_at REAL NOT NULL);
+    repeat INTEGER NOT NULL, duration_s REAL NOT NULL, spec TEXT, finished_at REAL NOT NULL,
+    drafter TEXT NOT NULL DEFAULT 'eagle3');
 CREATE TABLE IF NOT EXISTS requests (
     config_key TEXT NOT NULL REFERENCES configs(key), idx INTEGER NOT NULL, record TEXT NOT NULL,
     PRIMARY KEY (config_key, idx));
@@ -41,18 +42,22 @@ CREATE TABLE IF NOT EXISTS results (
 
 @dataclass(frozen=True, order=True)
 class Point:
-    """One configuration of the grid; ``repeat`` numbers the repeated measurements of the same settings."""
+    """One configuration of the grid; ``repeat`` numbers the repeated measurements of the same settings;
+    ``drafter`` says what proposed the drafts (``engine.config.DRAFTERS``)."""
 
     gamma: int
     concurrency: int
     temperature: float
     repeat: int = 0
+    drafter: str = "eagle3"
 
     @property
     def key(self) -> str:
-        canon = json.dumps({"gamma": self.gamma, "concurrency": self.concurrency,
-                            "temperature": float(self.temperature), "repeat": self.repeat}, sort_keys=True)
-        return hashlib.sha256(canon.encode()).hexdigest()[:20]
+        d = {"gamma": self.gamma, "concurrency": self.concurrency, "temperature": float(self.temperature),
+             "repeat": self.repeat}
+        if self.drafter != "eagle3":  # runs from before the drafter axis keep their keys
+            d["drafter"] = self.drafter
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class RunStore:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(_SCHEMA)
+        columns = {row[1] for row in self.conn.execute("PRAGMA table_info(configs)")}
+        if "drafter" not in columns:  # a run from before the drafter axis: all of it drafted with EAGLE-3
+            self.conn.execute("ALTER TABLE configs ADD COLUMN drafter TEXT NOT NULL DEFAULT 'eagle3'")
 
     @classmethod
     def open(cls, run_dir: Path, fixed: dict[str, Any], resume: bool) -> "RunStore":
@@ -120,22 +128,23 @@ class RunStore:
         """Write one finished configuration and all its records atomically."""
         p = cfg.point
         with self._transaction():
-            self.conn.execute("INSERT INTO configs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            self.conn.execute("INSERT INTO configs (key, gamma, concurrency, temperature, repeat, duration_s, spec, "
+                              "finished_at, drafter) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               (p.key, p.gamma, p.concurrency, float(p.temperature), p.repeat, cfg.duration_s,
-                               json.dumps(cfg.spec) if cfg.spec is not None else None, time.time()))
+                               json.dumps(cfg.spec) if cfg.spec is not None else None, time.time(), p.drafter))
             self.conn.executemany("INSERT INTO requests VALUES (?, ?, ?)",
                                   [(p.key, r.idx, json.dumps(asdict(r), ensure_ascii=False)) for r in cfg.records])
 
     def configs(self) -> list[StoredConfig]:
         """Every stored configuration with its records, in grid order."""
         rows = self.conn.execute(
-            "SELECT key, gamma, concurrency, temperature, repeat, duration_s, spec FROM configs "
-            "ORDER BY temperature, concurrency, gamma, repeat").fetchall()
+            "SELECT key, gamma, concurrency, temperature, repeat, duration_s, spec, drafter FROM configs "
+            "ORDER BY temperature, concurrency, drafter != 'eagle3', drafter, gamma, repeat").fetchall()
         out = []
-        for key, gamma, conc, temp, rep, dur, spec in rows:
+        for key, gamma, conc, temp, rep, dur, spec, drafter in rows:
             recs = [_record(json.loads(t)) for (t,) in
                     self.conn.execute("SELECT record FROM requests WHERE config_key = ? ORDER BY idx", (key,))]
-            out.append(StoredConfig(Point(gamma, conc, temp, rep), dur, json.loads(spec) if spec else None, recs))
+            out.append(StoredConfig(Point(gamma, conc, temp, rep, drafter), dur, json.loads(spec) if spec else None, recs))
         return out
 
     def put_result(self, stage: str, key: str, value: Any) -> None:

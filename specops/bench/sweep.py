@@ -1,4 +1,4 @@
-"""The sweep: for each γ start one server, measure every pending concurrency × temperature × repeat point against
+"""The sweep: for each (drafter, γ) start one server, measure every pending concurrency × temperature × repeat point against
 it, commit each point as it finishes, then export results and the recommendation.
 
 Per point: warm-up requests (not measured), a scrape of the speculative counters, the timed requests, a second
@@ -47,26 +47,27 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
     spec = loadgen.LoadSpec(base_url=server.base_url, model=server.model_name, concurrency=point.concurrency,
                             temperature=point.temperature, max_tokens=cfg.max_tokens, rate=cfg.rate, seed=cfg.seed,
                             api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos, provenance=cfg.provenance,
-                            timeout_s=cfg.request_timeout_s)
+                            timeout_s=cfg.request_timeout_s, response_format=cfg.response_format)
     if cfg.warmup:
         warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
         if not any(r.ok for r in warm.records):
             raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
     timed = workload.ordered(pool, cfg.num_prompts, cfg.seed)
-    counts = point.gamma > 0 or cfg.backend == "external"
+    counts = point.gamma > 0 or point.drafter != "eagle3" or cfg.backend == "external"
     before = _spec(server, cfg.backend != "external") if counts else None
     result = loadgen.run(timed, spec, on_progress)
     after = _spec(server, cfg.backend != "external") if before is not None else None
     if not any(r.ok for r in result.records):
         raise SpecopsError(f"every request failed at {_label(point)}: {result.records[0].error}")
     counters = None
-    if after is not None and (point.gamma > 0 or after.num_drafts > 0):
+    if after is not None and (point.gamma > 0 or point.drafter != "eagle3" or after.num_drafts > 0):
         counters = after.since(before).counters()
     return StoredConfig(point, result.duration_s, counters, result.records)
 
 
 def _label(p: Point) -> str:
-    return f"γ={p.gamma} concurrency={p.concurrency} temperature={p.temperature:g} repeat={p.repeat}"
+    drafter = f"drafter={p.drafter} " if p.drafter != "eagle3" else ""
+    return f"{drafter}γ={p.gamma} concurrency={p.concurrency} temperature={p.temperature:g} repeat={p.repeat}"
 
 
 def run_sweep(cfg: SweepConfig, console: Optional[Console] = None, tables: Optional[Console] = None) -> Path:
@@ -106,12 +107,12 @@ def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prom
                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console) as bar:
         grid = bar.add_task("configurations", total=len(points), completed=len(points) - len(pending), note="")
         reqs = bar.add_task("requests", total=cfg.num_prompts, note="")
-        for gamma in cfg.gammas:
-            todo = [p for p in pending if p.gamma == gamma]
+        for drafter, gamma in cfg.servers():
+            todo = [p for p in pending if (p.drafter, p.gamma) == (drafter, gamma)]
             if not todo:
                 continue
-            bar.update(grid, note=f"starting server γ={gamma}")
-            with serving(cfg, gamma) as server:
+            bar.update(grid, note=f"starting server drafter={drafter} γ={gamma}")
+            with serving(cfg, gamma, drafter) as server:
                 for p in todo:
                     bar.update(grid, note=_label(p))
                     bar.reset(reqs, total=cfg.num_prompts)
@@ -124,8 +125,9 @@ def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prom
 def run_bench(cfg: SweepConfig) -> dict[str, Any]:
     """One configuration (single γ, concurrency and temperature); without ``cfg.out`` the run directory is temporary.
     Returns its grid row."""
-    if len(cfg.gammas) != 1 or len(cfg.concurrencies) != 1 or len(cfg.temperatures) != 1:
-        raise SpecopsError("bench measures one configuration: one γ, one concurrency, one temperature")
+    cfg.validate()
+    if len(cfg.points()) != 1:
+        raise SpecopsError("bench measures one configuration: one drafter, γ, concurrency and temperature")
     with tempfile.TemporaryDirectory(prefix="specops-bench-") as tmp:
         if cfg.out is None:
             cfg.out = Path(tmp)

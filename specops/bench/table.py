@@ -26,14 +26,15 @@ def _p(d: Optional[dict], key: str) -> str:
 def print_summary(rows: list[dict[str, Any]], cost: bool, console: Optional[Console] = None) -> None:
     console = console or Console()
     t = Table(title="sweep summary (latencies in ms)")
-    for col in ("T", "conc", "γ", "req/s", "out tok/s", "goodput", "SLO %", "TTFT p50", "TPOT p50", "E2E p50",
+    drafters = any(r.get("drafter", "eagle3") != "eagle3" for r in rows)
+    for col in ("T", "conc", *(("drafter",) if drafters else ()), "γ", "req/s", "out tok/s", "goodput", "SLO %", "TTFT p50", "TPOT p50", "E2E p50",
                 "E2E p99", "accept", "len", "speedup ×tput [95% CI]", "errors"):
         t.add_column(col, justify="right")
     if cost:
         t.add_column("$/Mtok", justify="right")
     for r in rows:
         acc = r.get("acceptance") or {}
-        cells = [f"{r['temperature']:g}", str(r["concurrency"]), str(r["gamma"]), _num(r["requests_per_s"], "{:.2f}"),
+        cells = [f"{r['temperature']:g}", str(r["concurrency"]), *((r["drafter"],) if drafters else ()), str(r["gamma"]), _num(r["requests_per_s"], "{:.2f}"),
                  _num(r["output_tokens_per_s"]), _num(r["goodput_rps"], "{:.2f}"),
                  _num(100 * r["slo_attainment"], "{:.0f}"), _p(r["ttft_ms"], "p50"), _p(r["tpot_ms"], "p50"),
                  _p(r["e2el_ms"], "p50"), _p(r["e2el_ms"], "p99"), _num(acc.get("acceptance_rate"), "{:.2f}"),
@@ -59,6 +60,10 @@ def print_recommendation(rec: dict[str, Any], console: Optional[Console] = None)
         for reg in block["regressions"]:
             console.print(f"[red]regression[/red]: γ={reg['gamma']} at concurrency {reg['concurrency']} runs at "
                           f"{reg['speedup']:.2f}× the throughput of γ=0")
+        for d in block.get("drafters", []):
+            console.print(f"drafter {d['drafter']} (γ={d['gamma']}) at concurrency {d['concurrency']}: "
+                          f"{_num(d['throughput_vs_eagle3'], '{:.2f}')}× the throughput of the best eagle3 configuration "
+                          f"(γ={d['eagle3_gamma']})")
         for note in block["notes"]:
             console.print(f"note: {note}")
         console.print(f"vLLM: {block['vllm']['cli']}", soft_wrap=True)
