@@ -337,7 +337,7 @@ def step_costs(ours, draft, cfg, device, engines: dict, ctx: int) -> dict:
 
         def one_round(r=r):
             r.ctx_len[:1] = ctx  # same context every replay
-            return r._round(1, Mode())
+            return r._round(1, Mode(), r.gamma, r.gamma)
 
         rounds[gamma] = timer(one_round, reps=30)
     out["round_gamma0_ms"], out["round_gamma3_ms"] = rounds[0], rounds[3]

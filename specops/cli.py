@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specops.engine.config import DRAFTERS, DTYPES, LORA_MODES, EngineConfig
+from specops.engine.config import DRAFTERS, DTYPES, LORA_MODES, EngineConfig, parse_gamma
 from specops.errors import SpecopsError, clean_errors
 
 app = typer.Typer(
@@ -49,7 +49,9 @@ LORA = typer.Option(None, "--lora", help="peft LoRA adapter directory to apply t
 LORA_MODE = typer.Option("merged", "--lora-mode", help=f"{' or '.join(LORA_MODES)}: fold the adapter into the "
                                                        "weights at load, or add it in the forward.")
 DRAFT = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables speculative decoding.")
-GAMMA = typer.Option(3, "--gamma", min=0, help="Speculative tokens per step (0 = plain decoding).")
+GAMMA = typer.Option("3", "--gamma", help="Speculative tokens per step (0 = plain decoding), or auto: chosen every "
+                     "step from the batch size and the running acceptance (cost model E/(γc + v), calibrated once "
+                     "and stored next to the draft).")
 DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N.")
 DTYPE = typer.Option("float32", "--dtype", help=f"Weights and KV cache: {', '.join(DTYPES)} (or fp32, bf16, fp16).")
 MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching).")
@@ -61,12 +63,13 @@ DRAFTER = typer.Option("eagle3", "--drafter", help=f"{' | '.join(DRAFTERS)}: wha
                        "without a draft model.")
 
 
-def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: int,
+def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: str,
                   device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool,
                   drafter: str) -> EngineConfig:
-    return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=gamma, device=device,
-                        dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs,
-                        drafter=drafter).validate()
+    g, adaptive = parse_gamma(gamma)
+    return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=g, adaptive_gamma=adaptive,
+                        device=device, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len,
+                        cuda_graphs=cuda_graphs, drafter=drafter).validate()
 
 
 @app.command()
@@ -75,7 +78,7 @@ def generate(
     model: Path = MODEL,
     prompts: Path = typer.Option(..., "--prompts", help='JSONL requests: {"id", "query"|"prompt"|"messages"} per line.'),
     out: Path = typer.Option(..., "--out", help='JSONL output: {"id", "text", "token_ids", "finish_reason", "spec"}.'),
-    lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT, gamma: int = GAMMA,
+    lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT, gamma: str = GAMMA,
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 = no top-k cut."),
@@ -108,7 +111,7 @@ def generate(
 @clean_errors
 def serve(
     model: Path = MODEL, lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT,
-    gamma: int = GAMMA,
+    gamma: str = GAMMA,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),

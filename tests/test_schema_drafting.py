@@ -171,7 +171,7 @@ def test_verify_stops_each_row_at_its_own_length():
 def test_schema_proposer_drafts_forced_runs_up_to_its_cap(grammars, tokenizer):
     c = fresh(grammars, tokenizer, CASES["commerce"][0])
     empty = torch.zeros(2, 1, dtype=torch.long)
-    inp = DraftInput(empty, None, None, None, torch.zeros(2, dtype=torch.long), None, None, None, None, None,
+    inp = DraftInput(empty, None, None, None, torch.zeros(2, dtype=torch.long), None, None, None, None, None, 0,
                      guides=[c.drafting([]), None])
     drafts, probs, lengths = SchemaProposer(4, 1030).propose(inp, None)
     assert probs is None and lengths.tolist() == [4, 0] and drafts.shape == (2, 4)

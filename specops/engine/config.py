@@ -15,6 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DRAFTERS = ("eagle3", "schema", "schema+eagle3")
 FORCED_TOKENS = 16  # schema-aware drafting: the most forced tokens a row drafts beyond γ in one round
+AUTO_GAMMA_MAX = 5  # --gamma auto chooses γ in 0..5 each step
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class EngineConfig:
     max_seq_len: int = 1024
     cuda_graphs: bool = True  # on CUDA, replay each decode round as a captured graph
     drafter: str = "eagle3"
+    adaptive_gamma: bool = False  # --gamma auto: γ chosen every step, at most ``gamma``
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 → bfloat16
@@ -56,6 +58,8 @@ class EngineConfig:
             raise SpecopsError(f"--gamma must be >= 0, got {self.gamma}")
         if self.drafter not in DRAFTERS:
             raise SpecopsError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
+        if self.adaptive_gamma and self.draft is None:
+            raise SpecopsError("--gamma auto chooses how many tokens the draft proposes: give --draft")
         if self.drafter == "schema" and self.draft is not None:
             raise SpecopsError("--drafter schema proposes forced tokens alone: drop --draft, or use schema+eagle3")
         if self.max_batch < 1:
@@ -82,9 +86,23 @@ class EngineConfig:
         if self.lora is not None:
             args += ["--lora", str(self.lora), "--lora-mode", self.lora_mode]
         if self.draft is not None:
-            args += ["--draft", str(self.draft), "--gamma", str(self.gamma)]
+            args += ["--draft", str(self.draft), "--gamma", "auto" if self.adaptive_gamma else str(self.gamma)]
         if self.drafter != "eagle3":
             args += ["--drafter", self.drafter]
         if not self.cuda_graphs:
             args.append("--no-cuda-graphs")
         return args
+
+
+def parse_gamma(text: str) -> tuple[int, bool]:
+    """``--gamma``: a number of speculative tokens, or ``auto`` (γ chosen every step, up to AUTO_GAMMA_MAX).
+    Returns (γ, adaptive)."""
+    if text.strip().lower() == "auto":
+        return AUTO_GAMMA_MAX, True
+    try:
+        gamma = int(text)
+    except ValueError:
+        raise SpecopsError(f"--gamma must be a number of tokens or 'auto', not {text!r}") from None
+    if gamma < 0:
+        raise SpecopsError(f"--gamma must be >= 0, got {gamma}")
+    return gamma, False

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specops.engine.config import EngineConfig
+from specops.engine.gamma import CALIBRATION_FILE
 from specops.engine.model_runner import Mode, ModelRunner, Pending
 from specops.engine.sampling import SamplingParams
 from specops.engine.scheduler import Output, Request, Scheduler, StepOutput
@@ -49,12 +50,15 @@ class Engine:
         bucket_padding: bool | None = None,
         overlap: bool | None = None,
         forced_tokens: int = 0,
+        adaptive_gamma: bool = False,
+        calibration: Path | None = None,
     ):
         """``cuda_graphs``: capture rounds as CUDA graphs where the fused kernels run (CUDA); ``bucket_padding``:
         pad batches to the graph buckets (default: exactly when graphs are used); ``overlap``: queue each round
         before reading the previous one (default: on CUDA); ``forced_tokens``: schema-aware drafting, the most
         schema-forced tokens a constrained request drafts beyond γ per round (0: off; without a draft, forced
-        tokens alone)."""
+        tokens alone); ``adaptive_gamma``: choose γ in 0..``gamma`` every step (``engine.gamma``), with the step
+        costs read from or measured into ``calibration`` (a JSON file; None: measured, not kept)."""
         if gamma < 0:
             raise SpecopsError(f"gamma must be >= 0, got {gamma}")
         self.model = model.eval()
@@ -74,6 +78,13 @@ class Engine:
         self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding,
                                   forced_tokens)
         self.speculative = self.draft is not None or forced_tokens > 0  # outputs carry acceptance counters
+        self.controller = None
+        if adaptive_gamma and self.draft is not None:
+            from specops.engine.gamma import AdaptiveGamma, load_or_measure
+            from specops.engine.model_runner import buckets
+
+            costs = load_or_measure(self.runner, self.gamma, buckets(max_batch), calibration)
+            self.controller = AdaptiveGamma(self.gamma, costs)
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet
@@ -87,6 +98,7 @@ class Engine:
         cfg.validate()
         gamma = cfg.gamma if (cfg.draft is not None or draft_model is not None) else 0
         capacity = cfg.max_seq_len + 3 * (gamma + cfg.forced_tokens) + 2
+        draft_dir = cfg.draft if cfg.draft is not None and draft_model is None else None
         model, _ = load_target(cfg.model, lora=cfg.lora, lora_mode=cfg.lora_mode, device=cfg.device,
                                dtype=cfg.torch_dtype, max_len=capacity)
         tokenizer = load_tokenizer(cfg.model, model.config.vocab_size)
@@ -96,7 +108,8 @@ class Engine:
         fuse_projections(model)
         return cls(model, tokenizer, draft=draft, gamma=gamma, max_batch=cfg.max_batch, max_seq_len=cfg.max_seq_len,
                    eos_token_ids=eos_token_ids(cfg.model, model, tokenizer), cuda_graphs=cfg.cuda_graphs,
-                   forced_tokens=cfg.forced_tokens)
+                   forced_tokens=cfg.forced_tokens, adaptive_gamma=cfg.adaptive_gamma,
+                   calibration=None if draft_dir is None else Path(draft_dir) / CALIBRATION_FILE)
 
     @classmethod
     def load(cls, model_dir: str | Path, draft: str | Path | Eagle3Draft | None = None, **settings) -> "Engine":
@@ -141,7 +154,8 @@ class Engine:
         admitted = self.scheduler.admit()
         if admitted:
             first = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],
-                                        [r.params for r in admitted], _constraints(admitted))
+                                        [r.params for r in admitted], _constraints(admitted),
+                                        self._gamma_for(len(self.scheduler.running)))
             for r, tok in zip(admitted, first):
                 self.scheduler.emit(r, [tok], outputs)
         if decoding and not overlapped and previous is None:
@@ -149,7 +163,12 @@ class Engine:
         return outputs
 
     def _launch(self, reqs: list[Request], constraints: list | None) -> Pending:
-        return self.runner.launch([r.slot for r in reqs], Mode.of([r.params for r in reqs]), constraints)
+        return self.runner.launch([r.slot for r in reqs], Mode.of([r.params for r in reqs]), constraints,
+                                  self._gamma_for(len(reqs)))
+
+    def _gamma_for(self, batch: int) -> int:
+        """γ for a round of ``batch`` rows: fixed, or the controller's choice with ``--gamma auto``."""
+        return self.gamma if self.controller is None else self.controller.choose(batch)
 
     def _finish(self, reqs: list[Request], pending: Pending, outputs: list[StepOutput]) -> None:
         """Read a round's result and emit it for the requests that are still running (not finished or aborted
@@ -160,6 +179,8 @@ class Engine:
                 continue
             r.stats.record(len(drafts), k)  # forced drafts count like any other, as vLLM counts them
             self.stats.record(len(drafts), k)
+            if self.controller is not None:
+                self.controller.record(len(drafts), k)
             if r.provenance is not None:
                 r.provenance.append({"drafts": drafts, "accepted": k, "tokens": toks[: k + 1], "emitted": 0})
             emitted = self.scheduler.emit(r, toks[: k + 1], outputs)

@@ -108,7 +108,7 @@ class ModelRunner:
         self.sampling = SamplingState(slots, dev)
         self.row_slots = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
         self._steps = torch.arange(self.width + 1, device=dev)
-        self._graphs: dict[tuple[int, Mode], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, Mode, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         # Host buffers in pairs, used in turn: one round's are read or written while the other round's copies are
         # still queued. Pinned, so a copy is queued without waiting for the device.
@@ -122,10 +122,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]], params: list[SamplingParams],
-                constraints: list | None = None) -> list[int]:
+                constraints: list | None = None, gamma: int | None = None) -> list[int]:
         """Admit requests into ``slots``: write their prompts to the caches, sample each first token, draft the
-        first drafts. Returns the first tokens."""
+        first drafts (``gamma`` free ones, default the runner's γ). Returns the first tokens."""
         b, dev = len(slots), self.device
+        g = self.gamma if gamma is None else gamma
         self.sampling.admit(slots, params)
         lens = torch.tensor([len(p) for p in prompts], device=dev)
         slot_t = torch.tensor(slots, device=dev)
@@ -162,15 +163,15 @@ class ModelRunner:
             if constraints is not None:
                 guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
             inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
-                             None if u is None else u[:, 1:], mode.filtering, guides)
+                             None if u is None else u[:, 1:], g, mode.filtering, guides)
             self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
         return first.tolist()
 
     # -- decode rounds ------------------------------------------------------------------------------------------
 
-    def decode(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Round:
+    def decode(self, slots: list[int], mode: Mode, constraints: list | None = None, gamma: int | None = None) -> Round:
         """One round for the requests in ``slots``."""
-        return self.collect(self.launch(slots, mode, constraints))
+        return self.collect(self.launch(slots, mode, constraints, gamma))
 
     def collect(self, pending: Pending) -> Round:
         """Wait for a launched round and read its result."""
@@ -181,20 +182,30 @@ class ModelRunner:
         return Round([r[0] for r in host], [r[2 : w + 3] for r in host], [r[w + 3 : w + 3 + r[1]] for r in host])
 
     @torch.inference_mode()
-    def launch(self, slots: list[int], mode: Mode, constraints: list | None = None) -> Pending:
-        """Start one round for the requests in ``slots`` (queued on the device; on the CPU it runs now)."""
+    def launch(self, slots: list[int], mode: Mode, constraints: list | None = None, gamma: int | None = None
+               ) -> Pending:
+        """Start one round for the requests in ``slots`` (queued on the device; on the CPU it runs now): verify
+        their pending drafts, then draft ``gamma`` free tokens each for the next round (default: the runner's γ;
+        it may change from round to round, up to the runner's γ)."""
         b = len(slots)
+        g = self.gamma if gamma is None else gamma
         padded = b if self.buckets is None else next(s for s in self.buckets if s >= b)
+        rows = slots + [self.scratch] * (padded - b)
         staged = self._rows[self._turn][:padded]
-        staged.copy_(torch.tensor(slots + [self.scratch] * (padded - b)))
+        staged.copy_(torch.tensor(rows))
         self.row_slots[:padded].copy_(staged, non_blocking=True)
+        counts = [self.draft_len[s] for s in slots]  # the pending drafts of each row (host side)
+        w = max(counts)
+        lengths = None if min(counts) == w else counts + [w] * (padded - b)
         if constraints is not None:
-            pad = [None] * (padded - b)
-            result = self._round(padded, mode, constraints + pad, slots + [self.scratch] * (padded - b))
-        elif self.use_graphs:
-            result = self._replay(padded, mode)
+            result = self._round(padded, mode, w, g, lengths, constraints + [None] * (padded - b), rows)
         else:
-            result = self._round(padded, mode)
+            if self.use_graphs and lengths is None:
+                result = self._replay(padded, mode, w, g)
+            else:
+                result = self._round(padded, mode, w, g, lengths)
+            for s in slots:
+                self.draft_len[s] = g
         if self.device.type != "cuda":
             return Pending(slots, result[:b])
         host = self._host[self._turn][: result[:b].numel()].view(b, -1)
@@ -207,33 +218,29 @@ class ModelRunner:
     def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
         return attention.for_rows(self.fused, slots, positions)
 
-    def _round(self, b: int, mode: Mode, constraints: list | None = None, slots: list[int] | None = None
-               ) -> torch.Tensor:
-        """Verify and re-draft rows ``row_slots[:b]`` (whose slots are ``slots`` when given); returns
-        [b, 2 + (w + 1) + w]: n, the row's number of drafts, the tokens, the drafts verified. Device work only
-        unless ``constraints`` (grammar masks are computed on the host from the drafts and the emitted tokens)."""
+    def _round(self, b: int, mode: Mode, w: int, g: int, counts: list[int] | None = None,
+               constraints: list | None = None, slots: list[int] | None = None) -> torch.Tensor:
+        """Verify rows ``row_slots[:b]`` (whose slots are ``slots`` when given), w drafts wide (``counts``: each row's
+        own number when they differ), and draft ``g`` free tokens each; returns [b, 2 + (w + 1) + w]: n, the row's
+        number of drafts, the tokens, the drafts verified. Device work only unless ``constraints`` (grammar masks
+        are computed on the host from the drafts and the emitted tokens)."""
         self.ctx_len[self.scratch :].zero_()  # padding rows start from position 0 every round
         rows = self.row_slots[:b]
-        if constraints is None:
-            w, lengths = self.gamma, None
-        else:
-            counts = [self.draft_len[s] for s in slots]
-            w = max(counts)
-            lengths = torch.tensor(counts, device=rows.device) if min(counts) < w else None
+        lengths = None if counts is None else torch.tensor(counts, device=rows.device)
         drafts = self.drafts[rows, :w]
         tokens = torch.cat([self.last_token[rows].unsqueeze(1), drafts], dim=1)
         positions = self.ctx_len[rows].unsqueeze(1) + self._steps[: w + 1]
         meta = self._meta_for(rows, positions)
         logits, taps = self.model(tokens, self.cache, meta, self.tap_layers)
         if constraints is not None:  # before verification: lossless w.r.t. the constrained distribution
-            for i, (c, row, k) in enumerate(zip(constraints, drafts.tolist(), counts)):
+            for i, (c, row, k) in enumerate(zip(constraints, drafts.tolist(), counts or [w] * b)):
                 if c is not None:
                     mask_logits_(logits[i, : k + 1], c.verification_masks(row[:k]))
         temperature, top_k, top_p = self.sampling.rows(rows)
         greedy = temperature == 0
         if mode.sampled:
             probs = logits_to_probs(logits, temperature, top_k, top_p, mode.filtering)
-            u = self.sampling.draw(rows, w + 1 + (self.gamma if constraints is None else self.width))
+            u = self.sampling.draw(rows, w + 1 + g + (0 if constraints is None else self.width - self.gamma))
             n, out = verify(logits, probs, drafts, self.draft_probs[rows, :w], greedy, u[:, :w], u[:, w], lengths)
             u_draft = u[:, w + 1 :]
         else:  # no distributions or random draws needed
@@ -248,7 +255,7 @@ class ModelRunner:
                 emitted = [row[: k + 1] for row, k in zip(out.tolist(), n.tolist())]
                 guides = [c.drafting(e) if c is not None else None for c, e in zip(constraints, emitted)]
             inp = DraftInput(out, taps, meta, index * (w + 1) + n, positions[index, n], rows, temperature, top_k,
-                             top_p, u_draft, mode.filtering, guides)
+                             top_p, u_draft, g, mode.filtering, guides)
             self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
         counts = torch.full_like(n, w) if lengths is None else lengths
         return torch.cat([n.unsqueeze(1), counts.unsqueeze(1), out, drafts], dim=1)
@@ -269,27 +276,28 @@ class ModelRunner:
 
     # -- CUDA graphs --------------------------------------------------------------------------------------------
 
-    def _replay(self, b: int, mode: Mode) -> torch.Tensor:
-        if (b, mode) not in self._graphs:
-            self._graphs[(b, mode)] = self._capture(b, mode)
-        graph, out = self._graphs[(b, mode)]
+    def _replay(self, b: int, mode: Mode, w: int, g: int) -> torch.Tensor:
+        key = (b, mode, w, g)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(*key)
+        graph, out = self._graphs[key]
         graph.replay()
         return out
 
-    def _capture(self, b: int, mode: Mode) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture one round for ``b`` rows. The warm-up run (kernel compilation, library handles) uses padding
+    def _capture(self, b: int, mode: Mode, w: int, g: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture one round for ``b`` rows verifying ``w`` drafts and drafting ``g``. The warm-up run (kernel compilation, library handles) uses padding
         rows only, so no request's state moves; capturing itself runs nothing."""
         live = self.row_slots[:b].clone()
         self.row_slots[:b].fill_(self.scratch)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._round(b, mode)
+            self._round(b, mode, w, g)
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._round(b, mode)
+            out = self._round(b, mode, w, g)
         self.row_slots[:b].copy_(live)
         return graph, out

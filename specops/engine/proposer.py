@@ -46,6 +46,7 @@ class DraftInput:
     top_k: torch.Tensor
     top_p: torch.Tensor
     u: torch.Tensor | None  # [B, ≥ steps] uniforms; None when every row is greedy (drafts are argmaxes)
+    gamma: int  # free proposals per row this round (≤ the proposer's γ; 0: the draft model does not run)
     filtering: bool = False  # some row cuts with top-k / top-p
     guides: list | None = None  # per row None or a grammar cursor context (``Constraint.drafting``)
 
@@ -68,11 +69,12 @@ class Eagle3Proposer:
     def __init__(self, draft: Eagle3Draft, gamma: int, slots: int, max_len: int, forced: int = 0):
         self.draft = draft
         self.gamma, self.forced = gamma, forced
-        self.steps = max(gamma - 1, 0)  # chain steps per round: forced tokens never make the draft run longer
         self.cache = draft.new_cache(slots, max_len)
 
     @torch.inference_mode()
     def propose(self, inp: DraftInput, meta_for):
+        if inp.gamma == 0 and inp.guides is None:  # nothing to draft: the draft model does not run
+            return inp.tokens[:, :0], None, None
         full = inp.u is not None or inp.guides is not None  # else argmaxes over the draft vocabulary are enough
         hidden = self.draft.combine(inp.taps).reshape(-1, self.draft.cfg.hidden_size)
         logits, hidden = self.draft(inp.tokens, hidden, self.cache, inp.meta, full, at=inp.pick)
@@ -92,12 +94,12 @@ class Eagle3Proposer:
     def _chain(self, inp, logits, hidden, full, meta_for):
         """γ proposals per row, device work only."""
         pos, tokens, probs = inp.positions, [], []
-        for k in range(self.gamma):
+        for k in range(inp.gamma):
             d, q = self._pick(inp, logits, k, full)
             tokens.append(d)
             if q is not None:
                 probs.append(q)
-            if k + 1 < self.gamma:
+            if k + 1 < inp.gamma:
                 pos = pos + 1
                 logits, hidden = self.draft(d.unsqueeze(1), hidden, self.cache, meta_for(inp.slots, pos.unsqueeze(1)),
                                             full)
@@ -105,14 +107,15 @@ class Eagle3Proposer:
 
     def _guided(self, inp, logits, hidden, meta_for):
         """Proposals masked by each row's grammar, forced runs taken as they are (see the module docstring)."""
-        b = inp.positions.shape[0]
+        b, gamma = inp.positions.shape[0], inp.gamma
+        budget = max(gamma - 1, 0)  # chain steps per round: forced tokens never make the draft run longer
         pos, tokens, probs, d = inp.positions, [], [], None
         lengths, free = [0] * b, [0] * b
         queues: list[list[int]] = [[] for _ in range(b)]
         with ExitStack() as stack:
             cursors = [stack.enter_context(g) if g is not None else None for g in inp.guides]
             active, stepping, steps = list(range(b)), True, 0
-            for k in range(self.gamma + self.forced):
+            for k in range(gamma + self.forced):
                 forced = {}
                 for i in active:  # host work first: does any row draft at this step?
                     cur = cursors[i]
@@ -121,10 +124,10 @@ class Eagle3Proposer:
                         if queues[i]:
                             forced[i] = queues[i].pop(0)
                 if k and stepping:  # the draft reads the last proposal (forced or not) to propose the next
-                    stepping = steps < self.steps and any(  # some row proposes now, or can within the budget
-                        i not in forced or (free[i] < self.gamma and steps + len(queues[i]) < self.steps)
+                    stepping = steps < budget and any(  # some row proposes now, or can within the budget
+                        i not in forced or (free[i] < gamma and steps + len(queues[i]) < budget)
                         for i in active)
-                active = [i for i in active if i in forced or (free[i] < self.gamma and (k == 0 or stepping))]
+                active = [i for i in active if i in forced or (free[i] < gamma and (k == 0 or stepping))]
                 if not active:
                     break
                 if k and stepping:

@@ -1,0 +1,173 @@
+"""Choosing γ for every step (``--gamma auto``) from the running batch size and the draft's running acceptance.
+
+A round that drafts γ tokens yields E(γ) = 1 + Σ_{k=1..γ} Π_{j<k} a_j tokens on average, a_j being the chance
+draft j is kept once the chain reaches it, and costs γ·c + v(γ) target steps: c is one draft step and v(γ) the
+verification of γ + 1 tokens, both relative to a plain 1-token target step at the same batch size (v(0) = 1).
+The controller picks the γ with the most tokens per unit of cost, E/(γc + v) (γ = 0 scores 1). It chooses by the
+goodput the model predicts, not by an acceptance target: acceptance can stay flat from batch 1 to 32 while the
+best γ flips, because c and v change with the batch. c and v come from a short calibration at start-up, kept in a
+JSON file next to the draft so a restart skips it; the acceptances are running estimates that decay back toward
+a prior, so a γ = 0 stretch (which observes nothing) does not freeze them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from specops.errors import SpecopsError
+
+
+@dataclass
+class StepCosts:
+    """Per measured batch size: the draft step cost c and v(γ) for γ = 0..γ_max, relative to a 1-token target step."""
+
+    batch_sizes: list[int]
+    draft: list[float]
+    verify: list[list[float]]
+
+    def at(self, batch: int) -> tuple[float, list[float]]:
+        """The costs of the smallest measured batch size ≥ ``batch`` (the largest beyond them)."""
+        i = next((i for i, b in enumerate(self.batch_sizes) if b >= batch), len(self.batch_sizes) - 1)
+        return self.draft[i], self.verify[i]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepCosts":
+        return cls([int(b) for b in d["batch_sizes"]], [float(c) for c in d["draft"]],
+                   [[float(x) for x in v] for v in d["verify"]])
+
+
+def expected_tokens(accept: list[float], gamma: int) -> float:
+    """E(γ): tokens a round yields when draft k is kept with probability accept[k] once the chain reaches it."""
+    total, reach = 1.0, 1.0
+    for k in range(gamma):
+        reach *= accept[k]
+        total += reach
+    return total
+
+
+def choose_gamma(accept: list[float], draft_cost: float, verify_cost: list[float], gamma_max: int) -> int:
+    """The γ in 0..γ_max with the most tokens per cost, E(γ) / (γ·c + v(γ)); ties go to the smaller γ."""
+    best, best_rate = 0, 1.0 / verify_cost[0]
+    for g in range(1, gamma_max + 1):
+        rate = expected_tokens(accept, g) / (g * draft_cost + verify_cost[g])
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = g, rate
+    return best
+
+
+class AdaptiveGamma:
+    """Running per-position acceptance (kept / reached, exponentially decayed toward ``prior``) and the choice."""
+
+    def __init__(self, gamma_max: int, costs: StepCosts, prior: float = 0.6, prior_weight: float = 8.0,
+                 decay: float = 0.995):
+        self.gamma_max, self.costs, self.decay = gamma_max, costs, decay
+        self.prior, self.prior_weight = prior, prior_weight
+        self.kept = [0.0] * gamma_max
+        self.reached = [0.0] * gamma_max
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One row's round: positions 0..min(accepted, drafted − 1) were reached, the first ``accepted`` kept."""
+        for k in range(min(accepted + 1, drafted, self.gamma_max)):
+            self.reached[k] += 1
+            self.kept[k] += k < accepted
+
+    def acceptance(self) -> list[float]:
+        w, p = self.prior_weight, self.prior
+        return [(kept + w * p) / (reached + w) for kept, reached in zip(self.kept, self.reached)]
+
+    def choose(self, batch: int) -> int:
+        """γ for the next round of ``batch`` rows; each call also ages the estimates by one round."""
+        self.kept = [k * self.decay for k in self.kept]
+        self.reached = [r * self.decay for r in self.reached]
+        c, v = self.costs.at(batch)
+        return choose_gamma(self.acceptance(), c, v, self.gamma_max)
+
+
+# -- calibration ---------------------------------------------------------------------------------------------------
+
+CALIBRATION_FILE = "specops-calibration.json"
+
+
+def calibration_key(runner, gamma_max: int) -> str:
+    """What the costs depend on: the machine, the models' shapes and dtype, the batch sizes and γ range."""
+    m, d = runner.model.config, runner.draft.cfg
+    dev = runner.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    dtype = str(runner.model.model.embed_tokens.weight.dtype).removeprefix("torch.")
+    return (f"{name}|{dtype}|torch {torch.__version__}|target {m.hidden_size}x{m.num_hidden_layers}"
+            f"|draft {d.hidden_size}|max_batch {runner.scratch}|gamma {gamma_max}|fused {runner.fused}")
+
+
+def _timed(fn, device, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 64, reps: int = 9) -> StepCosts:
+    """Time target forwards of 1..γ_max + 1 tokens per row and one draft step at each batch size, on the free
+    slots of a runner that serves nothing yet (what these forwards write is overwritten by later prefills)."""
+    from specops.models import attention
+
+    dev, draft = runner.device, runner.draft
+    hidden = draft.cfg.hidden_size
+    draft_c, verify = [], []
+    for b in batch_sizes:
+        slots = torch.arange(b, device=dev)
+        target = []
+        for t in range(1, gamma_max + 2):
+            tokens = torch.ones(b, t, dtype=torch.long, device=dev)
+            pos = context + torch.arange(t, device=dev).expand(b, t)
+            meta = attention.for_rows(runner.fused, slots, pos)
+            target.append(_timed(lambda: runner.model(tokens, runner.cache, meta, runner.tap_layers), dev, reps))
+        tok = torch.ones(b, 1, dtype=torch.long, device=dev)
+        h = torch.zeros(b, hidden, dtype=runner.model.model.embed_tokens.weight.dtype, device=dev)
+        meta = attention.for_rows(runner.fused, slots, torch.full((b, 1), context, device=dev))
+        step = _timed(lambda: draft(tok, h, runner.proposer.cache, meta, False), dev, reps)
+        draft_c.append(step / target[0])
+        # Verifying more tokens never costs less; a smaller timing than a shorter one's is noise.
+        verify.append([max(target[: i + 1]) / target[0] for i in range(len(target))])
+    return StepCosts(list(batch_sizes), draft_c, verify)
+
+
+def load_or_measure(runner, gamma_max: int, batch_sizes: list[int], path: Optional[Path]) -> StepCosts:
+    """The costs stored at ``path`` for this machine and these models, else measured now (and stored there when
+    the folder is writable)."""
+    key = calibration_key(runner, gamma_max)
+    stored: dict[str, Any] = {}
+    if path is not None and path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SpecopsError(f"{path}: unreadable calibration ({e}); delete it to measure again") from None
+        if key in stored:
+            return StepCosts.from_dict(stored[key])
+    costs = measure_costs(runner, gamma_max, batch_sizes)
+    if path is not None:
+        stored[key] = costs.to_dict()
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only model folder: measured again on the next start
+    return costs
