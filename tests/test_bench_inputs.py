@@ -94,6 +94,9 @@ def test_external_server_serves_one_gamma(tmp_path, dataset):
 
 def test_parsing_of_grid_slo_and_rate():
     assert params.int_list("--gamma", "5, 0,3,3", 0) == [0, 3, 5]
+    assert params.gamma_list("5,auto,0,AUTO") == [0, 5, "auto"] and params.gamma_list("auto") == ["auto"]
+    with pytest.raises(SpecopsError, match="--gamma"):
+        params.gamma_list("3,automatic")
     assert params.float_list("--temperature", "0.7,0", 0.0) == [0.0, 0.7]
     assert params.slo("e2e=2000ms,TTFT=0.5s,tpot=40") == {"e2e": 2.0, "ttft": 0.5, "tpot": 0.04}
     assert params.slo("e2el=1s") == {"e2e": 1.0}

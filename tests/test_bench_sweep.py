@@ -205,6 +205,29 @@ def test_schema_drafters_are_configurations_of_their_own(tmp_path):
     assert "drafter" in done.stdout
 
 
+@pytest.mark.slow
+def test_auto_gamma_is_a_configuration_of_its_own_and_resumes(tiny, tmp_path):
+    run = tmp_path / "run"
+    argv = sweep_argv("--model", str(tiny / "target"), "--draft", str(tiny / "draft"), "--gamma", "0,2,auto",
+                      "--concurrency", "1,3", "--temperature", "0", "--dataset", str(tiny / "prompts.jsonl"),
+                      "--num-prompts", "4", "--max-tokens", "12", "--warmup", "1", "--slo", "e2e=60s", "--out", str(run))
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run / "results.json").read_text())
+    grid = {(r["gamma"], r["concurrency"]): r for r in results["configurations"]}
+    assert set(grid) == {(g, c) for g in (0, 2, "auto") for c in (1, 3)}
+    assert [r["gamma"] for r in results["configurations"] if r["concurrency"] == 1] == [0, 2, "auto"]
+    for c in (1, 3):
+        auto = grid[("auto", c)]
+        assert auto["errors"] == 0 and auto["acceptance"] is not None and auto["speedup_throughput"] is not None
+    (block,) = json.loads((run / "recommendation.json").read_text())["by_temperature"]
+    assert all(lv["gamma"] in (0, 2) for lv in block["levels"])  # the schedule is made of fixed γ values
+    assert [d["drafter"] for d in block["drafters"]] == ["eagle3 auto", "eagle3 auto"]
+    assert (tiny / "draft" / "specops-calibration.json").is_file()  # measured once, by the auto server
+    again = subprocess.run(argv + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "6 of 6 configurations already measured" in again.stderr
+
+
 def overlap(records) -> int:
     """Most requests in flight at once, from the records' [start, end] intervals."""
     events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_s, -1) for r in records])

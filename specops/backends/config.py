@@ -31,6 +31,7 @@ class BackendConfig:
     draft: Optional[Path] = None
     gamma: int = 3
     drafter: str = "eagle3"  # engine.config.DRAFTERS (embedded only)
+    adaptive_gamma: bool = False  # --gamma auto, up to ``gamma`` (embedded only)
     url: Optional[str] = None
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
@@ -65,7 +66,7 @@ class BackendConfig:
         """The embedded engine's settings for this config."""
         return EngineConfig(model=Path(self.model), lora=self.lora, lora_mode=self.lora_mode, draft=self.draft,
                             gamma=self.gamma, device=self.device, max_batch=self.max_batch,
-                            max_seq_len=self.max_seq_len, drafter=self.drafter)
+                            max_seq_len=self.max_seq_len, drafter=self.drafter, adaptive_gamma=self.adaptive_gamma)
 
     @property
     def model_name(self) -> str:

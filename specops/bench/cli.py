@@ -46,7 +46,7 @@ def sweep_config(**kw):
     return SweepConfig(
         out=kw["out"], backend=kw["backend"], model=kw["model"], lora=kw["lora"], draft=kw["draft"], url=kw["url"],
         api_key=kw["api_key"], vllm_python=kw["vllm_python"], vllm_args=list(kw["vllm_arg"]),
-        gammas=params.int_list("--gamma", kw["gamma"], 0),
+        gammas=params.gamma_list(kw["gamma"]),
         drafters=[d.strip() for d in kw.get("drafter", "eagle3").split(",") if d.strip()],
         json_schema=kw.get("json_schema"),
         concurrencies=params.int_list("--concurrency", kw["concurrency"], 1),
@@ -66,7 +66,8 @@ def sweep(
     backend: str = BACKEND, model: Optional[Path] = MODEL, lora: Optional[Path] = LORA, draft: Optional[Path] = DRAFT,
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,
     vllm_arg: list[str] = VLLM_ARG,
-    gamma: str = typer.Option("0,1,3,5", "--gamma", help="Speculative tokens per step; 0 = no draft."),
+    gamma: str = typer.Option("0,1,3,5", "--gamma", help="Speculative tokens per step; 0 = no draft; auto = chosen by "
+                                                          "the engine every step (embedded backend)."),
     drafter: str = typer.Option("eagle3", "--drafter", help="Drafters to compare, comma-separated: eagle3, "
                                 "schema+eagle3 (at each γ > 0), schema (forced tokens alone, once). The schema ones "
                                 "need --json-schema."),

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from specops.backends import KINDS
 from specops.engine.config import DRAFTERS
-from specops.bench.store import Point
+from specops.bench.store import Point, speculative
 from specops.bench.workload import dataset_digest
 from specops.errors import SpecopsError
 
@@ -33,7 +33,7 @@ class SweepConfig:
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
     vllm_args: list[str] = field(default_factory=list)
-    gammas: list[int] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
+    gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))  # numbers, and "auto"
     drafters: list[str] = field(default_factory=lambda: ["eagle3"])  # engine.config.DRAFTERS
     json_schema: Optional[Path] = None  # every request asks for this schema (response_format json_schema)
     concurrencies: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))
@@ -63,7 +63,8 @@ class SweepConfig:
             raise SpecopsError(f"--backend must be one of {', '.join(KINDS)}, not {self.backend!r}")
         if not self.gammas or not self.concurrencies or not self.temperatures:
             raise SpecopsError("the grid is empty: give at least one --gamma, --concurrency and --temperature value")
-        if min(self.gammas) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:
+        fixed = [g for g in self.gammas if g != "auto"]
+        if min(fixed, default=0) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:
             raise SpecopsError("γ must be ≥ 0, concurrency ≥ 1 and temperature ≥ 0")
         bad = [d for d in self.drafters if d not in DRAFTERS]
         if bad or not self.drafters:
@@ -73,19 +74,21 @@ class SweepConfig:
                 raise SpecopsError("schema-aware drafters run on the embedded backend only; use --drafter eagle3")
             if self.json_schema is None:
                 raise SpecopsError("schema-aware drafters draft what a schema forces: give --json-schema FILE")
-            if "schema+eagle3" in self.drafters and max(self.gammas) == 0:
+            if "schema+eagle3" in self.drafters and not any(map(speculative, self.gammas)):
                 raise SpecopsError("--drafter schema+eagle3 needs a γ > 0 in --gamma")
         if self.json_schema is not None and not Path(self.json_schema).is_file():
             raise SpecopsError(f"--json-schema: file not found: {self.json_schema}")
         if self.backend == "external":
             if not self.url:
                 raise SpecopsError("--backend external needs --url")
-            if len(self.gammas) != 1:
+            if len(self.gammas) != 1 or self.gammas[0] == "auto":
                 raise SpecopsError("an external server runs one fixed γ: give exactly one --gamma value (its γ)")
         else:
             if self.model is None or not (Path(self.model) / "config.json").is_file():
                 raise SpecopsError(f"--model: not a model directory with config.json: {self.model}")
-            if max(self.gammas) > 0 and self.draft is None:
+            if "auto" in self.gammas and self.backend != "embedded":
+                raise SpecopsError("--gamma auto is the embedded engine's own: use numbers with this backend")
+            if any(map(speculative, self.gammas)) and self.draft is None:
                 raise SpecopsError("γ > 0 needs --draft (an EAGLE-3 draft directory)")
             for name in ("lora", "draft"):
                 p = getattr(self, name)
@@ -105,7 +108,8 @@ class SweepConfig:
         schema+eagle3 at every γ > 0, schema (no draft model) once, at γ = 0."""
         out = []
         for d in self.drafters:
-            gammas = {"eagle3": self.gammas, "schema+eagle3": [g for g in self.gammas if g > 0], "schema": [0]}[d]
+            gammas = {"eagle3": self.gammas, "schema+eagle3": [g for g in self.gammas if speculative(g)],
+                      "schema": [0]}[d]
             out += [(d, g) for g in gammas]
         return out
 

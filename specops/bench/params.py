@@ -34,6 +34,14 @@ def int_list(option: str, text: str, minimum: int) -> list[int]:
     return sorted(set(values))
 
 
+def gamma_list(text: str) -> list[int | str]:
+    """``--gamma``: ``"0,1,3,auto"`` → [0, 1, 3, "auto"] (``auto``: the engine chooses γ every step)."""
+    parts = _parts("--gamma", text)
+    auto = [p for p in parts if p.lower() == "auto"]
+    fixed = ",".join(p for p in parts if p.lower() != "auto")
+    return (int_list("--gamma", fixed, 0) if fixed else []) + (["auto"] if auto else [])
+
+
 def float_list(option: str, text: str, minimum: float) -> list[float]:
     values = []
     for part in _parts(option, text):

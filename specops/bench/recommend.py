@@ -5,9 +5,9 @@ no configuration met the SLO the choice falls back to throughput and says so. Ev
 speedup over γ = 0 is below 1 is flagged as a regression. The deployable form is vLLM's batch-size schedule
 ``num_speculative_tokens_per_batch_size: [[start_bs, end_bs, K], ...]`` (inclusive ranges starting at 1):
 the concurrency level c_i covers batch sizes (c_{i-1}, c_i], adjacent levels with the same γ merge, and vLLM
-carries the last K beyond the largest level measured. That schedule is chosen among the EAGLE-3 rows; rows of
-other drafters (schema-aware drafting) are compared with it per level: the best of each drafter next to the best
-EAGLE-3 configuration.
+carries the last K beyond the largest level measured. That schedule is chosen among the EAGLE-3 rows of fixed γ;
+rows of other drafters (schema-aware drafting) and of ``--gamma auto`` are compared with it per level: the best of
+each next to the best fixed-γ EAGLE-3 configuration.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from specops.bench.store import gamma_order
+
 
 def _best(rows: list[dict], key) -> dict:
-    return max(rows, key=lambda r: (key(r), r["output_tokens_per_s"], -r["gamma"]))
+    return max(rows, key=lambda r: (key(r), r["output_tokens_per_s"], -gamma_order(r["gamma"])))
 
 
 def schedule(levels: list[tuple[int, int]]) -> list[list[int]]:
@@ -77,27 +79,34 @@ def _temperature(rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
     }
 
 
+def _kind(r: dict) -> str:
+    """eagle3 (fixed γ), a schema drafter's name, or "eagle3 auto" (rows from before the drafter axis: eagle3)."""
+    drafter = r.get("drafter", "eagle3")
+    return f"{drafter} auto" if r["gamma"] == "auto" else drafter
+
+
 def drafter_levels(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per concurrency: each drafter's best configuration (by goodput, then throughput) against EAGLE-3's best."""
-    drafter = lambda r: r.get("drafter", "eagle3")  # noqa: E731  (rows from before the drafter axis have none)
+    """Per concurrency: the best configuration of each drafter and of γ = auto (by goodput, then throughput)
+    against the best fixed-γ EAGLE-3 one, by goodput and by throughput."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == conc]
-        base = _best([r for r in at if drafter(r) == "eagle3"], lambda r: r["goodput_rps"])
-        for name in sorted({drafter(r) for r in at} - {"eagle3"}):
-            best = _best([r for r in at if drafter(r) == name], lambda r: r["goodput_rps"])
+        base = _best([r for r in at if _kind(r) == "eagle3"], lambda r: r["goodput_rps"])
+        for name in sorted({_kind(r) for r in at} - {"eagle3"}):
+            best = _best([r for r in at if _kind(r) == name], lambda r: r["goodput_rps"])
             out.append({"concurrency": conc, "drafter": name, "gamma": best["gamma"],
                         "output_tokens_per_s": best["output_tokens_per_s"], "eagle3_gamma": base["gamma"],
                         "eagle3_output_tokens_per_s": base["output_tokens_per_s"],
                         "throughput_vs_eagle3": best["output_tokens_per_s"] / base["output_tokens_per_s"]
-                        if base["output_tokens_per_s"] else None})
+                        if base["output_tokens_per_s"] else None,
+                        "goodput_vs_eagle3": best["goodput_rps"] / base["goodput_rps"] if base["goodput_rps"] else None})
     return out
 
 
 def recommend(rows: list[dict], draft: Optional[str] = None) -> dict[str, Any]:
     """Recommendation per temperature from grid rows (``results.grid_rows``)."""
     temps = sorted({r["temperature"] for r in rows})
-    eagle3 = [r for r in rows if r.get("drafter", "eagle3") == "eagle3"]
+    eagle3 = [r for r in rows if _kind(r) == "eagle3"]
     blocks = []
     for t in temps:
         block = _temperature([r for r in eagle3 if r["temperature"] == t], draft)

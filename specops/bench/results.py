@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specops.bench.latency import PERCENTILE_METHOD, SPEEDUP_CI_METHOD, distribution, ratio_ci, summarize, tpot_s
-from specops.bench.store import StoredConfig
+from specops.bench.store import StoredConfig, gamma_order, speculative
 from specops.engine.stats import SpecStats
 
 RATES = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment")
@@ -62,7 +62,7 @@ def grid_rows(configs: list[StoredConfig], slo_s: dict[str, float], hourly_usd: 
         groups[(c.point.drafter, c.point.gamma, c.point.concurrency, c.point.temperature)].append(c)
     runs = {k: [run_row(c, slo_s) for c in v] for k, v in groups.items()}
     rows = []
-    order = lambda kv: (kv[0][3], kv[0][2], kv[0][0] != "eagle3", kv[0][0], kv[0][1])  # noqa: E731
+    order = lambda kv: (kv[0][3], kv[0][2], kv[0][0] != "eagle3", kv[0][0], gamma_order(kv[0][1]))  # noqa: E731
     for (drafter, g, conc, temp), rs in sorted(runs.items(), key=order):
         group = groups[(drafter, g, conc, temp)]
         done = [r for c in group for r in c.records if r.ok]
@@ -75,7 +75,7 @@ def grid_rows(configs: list[StoredConfig], slo_s: dict[str, float], hourly_usd: 
         row["tpot_ms"] = distribution(t for t in map(tpot_s, done) if t is not None)
         row["itl_ms"] = distribution(x for r in done for x in r.itl_s)
         row["e2el_ms"] = distribution(r.e2e_s for r in done)
-        drafts = g > 0 or drafter != "eagle3"
+        drafts = speculative(g) or drafter != "eagle3"
         row["acceptance"] = acceptance(_sum_spec([c.spec for c in group])) if drafts else None
         base = runs.get(("eagle3", 0, conc, temp))
         if base is not None:

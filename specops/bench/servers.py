@@ -18,14 +18,18 @@ from typing import Iterator
 
 from specops.backends import Backend, BackendConfig, start_backend
 from specops.bench.config import SweepConfig
+from specops.bench.store import speculative
+from specops.engine.config import AUTO_GAMMA_MAX
 
 STATE = "server.json"
 
 
-def backend_config(cfg: SweepConfig, gamma: int, drafter: str = "eagle3") -> BackendConfig:
-    return BackendConfig(kind=cfg.backend, model=cfg.model, lora=cfg.lora, draft=cfg.draft if gamma > 0 else None,
-                         gamma=max(gamma, 1), drafter=drafter, url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python,
-                         vllm_args=list(cfg.vllm_args), max_batch=cfg.server_max_batch,
+def backend_config(cfg: SweepConfig, gamma: int | str, drafter: str = "eagle3") -> BackendConfig:
+    auto = gamma == "auto"
+    return BackendConfig(kind=cfg.backend, model=cfg.model, lora=cfg.lora,
+                         draft=cfg.draft if speculative(gamma) else None,
+                         gamma=AUTO_GAMMA_MAX if auto else max(gamma, 1), adaptive_gamma=auto, drafter=drafter,
+                         url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python, vllm_args=list(cfg.vllm_args), max_batch=cfg.server_max_batch,
                          startup_timeout_s=cfg.startup_timeout_s)
 
 
@@ -69,7 +73,7 @@ def preflight(cfg: SweepConfig) -> None:
 
 
 @contextmanager
-def serving(cfg: SweepConfig, gamma: int, drafter: str = "eagle3") -> Iterator[Backend]:
+def serving(cfg: SweepConfig, gamma: int | str, drafter: str = "eagle3") -> Iterator[Backend]:
     """A healthy server for ``gamma`` (no draft at γ = 0) and ``drafter``, recorded in the run directory while it
     runs."""
     state = Path(cfg.out) / STATE

@@ -40,12 +40,22 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-@dataclass(frozen=True, order=True)
+def speculative(gamma: int | str) -> bool:
+    """Whether a configuration drafts: γ > 0, or γ chosen by the engine (``auto``)."""
+    return gamma == "auto" or gamma > 0
+
+
+def gamma_order(gamma: int | str) -> int:
+    """Sort key of γ values: the numbers, then ``auto``."""
+    return 1 << 30 if gamma == "auto" else gamma
+
+
+@dataclass(frozen=True)
 class Point:
     """One configuration of the grid; ``repeat`` numbers the repeated measurements of the same settings;
     ``drafter`` says what proposed the drafts (``engine.config.DRAFTERS``)."""
 
-    gamma: int
+    gamma: int | str  # a number of draft tokens, or "auto" (chosen by the engine every step)
     concurrency: int
     temperature: float
     repeat: int = 0

@@ -22,7 +22,7 @@ from specops.bench.config import SweepConfig
 from specops.bench.recommend import recommend
 from specops.bench.results import export
 from specops.bench.servers import preflight, serving, stop_stale
-from specops.bench.store import Point, RunStore, StoredConfig
+from specops.bench.store import Point, RunStore, StoredConfig, speculative
 from specops.bench.table import print_recommendation, print_summary
 from specops.errors import SpecopsError
 
@@ -53,14 +53,14 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
         if not any(r.ok for r in warm.records):
             raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
     timed = workload.ordered(pool, cfg.num_prompts, cfg.seed)
-    counts = point.gamma > 0 or point.drafter != "eagle3" or cfg.backend == "external"
+    counts = speculative(point.gamma) or point.drafter != "eagle3" or cfg.backend == "external"
     before = _spec(server, cfg.backend != "external") if counts else None
     result = loadgen.run(timed, spec, on_progress)
     after = _spec(server, cfg.backend != "external") if before is not None else None
     if not any(r.ok for r in result.records):
         raise SpecopsError(f"every request failed at {_label(point)}: {result.records[0].error}")
     counters = None
-    if after is not None and (point.gamma > 0 or point.drafter != "eagle3" or after.num_drafts > 0):
+    if after is not None and (speculative(point.gamma) or point.drafter != "eagle3" or after.num_drafts > 0):
         counters = after.since(before).counters()
     return StoredConfig(point, result.duration_s, counters, result.records)
 

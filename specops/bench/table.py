@@ -61,9 +61,10 @@ def print_recommendation(rec: dict[str, Any], console: Optional[Console] = None)
             console.print(f"[red]regression[/red]: γ={reg['gamma']} at concurrency {reg['concurrency']} runs at "
                           f"{reg['speedup']:.2f}× the throughput of γ=0")
         for d in block.get("drafters", []):
-            console.print(f"drafter {d['drafter']} (γ={d['gamma']}) at concurrency {d['concurrency']}: "
-                          f"{_num(d['throughput_vs_eagle3'], '{:.2f}')}× the throughput of the best eagle3 configuration "
-                          f"(γ={d['eagle3_gamma']})")
+            console.print(f"{d['drafter']} (γ={d['gamma']}) at concurrency {d['concurrency']}: "
+                          f"{_num(d['goodput_vs_eagle3'], '{:.2f}')}× the goodput and "
+                          f"{_num(d['throughput_vs_eagle3'], '{:.2f}')}× the throughput of the best fixed-γ eagle3 "
+                          f"configuration (γ={d['eagle3_gamma']})")
         for note in block["notes"]:
             console.print(f"note: {note}")
         console.print(f"vLLM: {block['vllm']['cli']}", soft_wrap=True)
