@@ -163,7 +163,7 @@ class ModelRunner:
             if constraints is not None:
                 guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
             inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
-                             None if u is None else u[:, 1:], g, mode.filtering, guides)
+                             None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
             self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
         return first.tolist()
 

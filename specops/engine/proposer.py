@@ -49,6 +49,7 @@ class DraftInput:
     gamma: int  # free proposals per row this round (≤ the proposer's γ; 0: the draft model does not run)
     filtering: bool = False  # some row cuts with top-k / top-p
     guides: list | None = None  # per row None or a grammar cursor context (``Constraint.drafting``)
+    prefill: bool = False  # the target's forward was a prefill: the draft reads the prompt even at γ = 0
 
 
 class Proposer(Protocol):
@@ -73,11 +74,16 @@ class Eagle3Proposer:
 
     @torch.inference_mode()
     def propose(self, inp: DraftInput, meta_for):
-        if inp.gamma == 0 and inp.guides is None:  # nothing to draft: the draft model does not run
+        # At γ = 0 (``--gamma auto`` under load) a decode round runs no draft at all: the draft's cache then lacks
+        # those positions, which only lowers acceptance once γ rises again. A prompt is always read, so that a
+        # request admitted under load still drafts with its prompt in context later.
+        if inp.gamma == 0 and inp.guides is None and not inp.prefill:
             return inp.tokens[:, :0], None, None
         full = inp.u is not None or inp.guides is not None  # else argmaxes over the draft vocabulary are enough
         hidden = self.draft.combine(inp.taps).reshape(-1, self.draft.cfg.hidden_size)
         logits, hidden = self.draft(inp.tokens, hidden, self.cache, inp.meta, full, at=inp.pick)
+        if inp.gamma == 0 and inp.guides is None:
+            return inp.tokens[:, :0], None, None
         if inp.guides is None:
             return self._chain(inp, logits, hidden, full, meta_for)
         return self._guided(inp, logits, hidden, meta_for)
