@@ -22,28 +22,33 @@ def test_expected_tokens_by_hand():
     assert expected_tokens([1.0, 0.8, 0.5], 3) == pytest.approx(1 + 1 + 0.8 + 0.4)
 
 
+def rounds(c: float, v: list[float]) -> list[float]:
+    """R(γ) = γ·c + v(γ): the textbook cost model, as a table."""
+    return [g * c + v[g] for g in range(len(v))]
+
+
 def test_choice_follows_the_costs_not_the_acceptance():
     """The anchor case: the same acceptance at batch 1 and 32, and the best γ flips with the step costs."""
     accept = [0.7] * 5
     # batch 1: a draft step is 5 % of a target step and verifying 6 tokens costs what 1 does (memory-bound)
-    assert choose_gamma(accept, 0.05, [1.0] * 6, 5) == 5
+    assert choose_gamma(accept, rounds(0.05, [1.0] * 6), 5) == 5
     # batch 32: compute-bound, each verified token adds half a step and a draft step costs 30 %:
     # E(1)/(0.3 + 1.5) = 1.7/1.8 < 1, and longer chains only do worse
-    assert choose_gamma(accept, 0.3, [1 + 0.5 * g for g in range(6)], 5) == 0
+    assert choose_gamma(accept, rounds(0.3, [1 + 0.5 * g for g in range(6)]), 5) == 0
     # in between, by hand: γ = 1 → 1.7/1.3 = 1.31, γ = 2 → 2.19/1.6 = 1.37, γ = 3 → 2.53/1.9 = 1.33
-    assert choose_gamma(accept, 0.1, [1 + 0.2 * g for g in range(6)], 5) == 2
+    assert choose_gamma(accept, rounds(0.1, [1 + 0.2 * g for g in range(6)]), 5) == 2
     # the tie goes to the smaller γ
-    assert choose_gamma([0.0] * 5, 0.0, [1.0] * 6, 5) == 0
+    assert choose_gamma([0.0] * 5, [1.0] * 6, 5) == 0
 
 
 def test_costs_of_an_unmeasured_batch_size_come_from_the_next_measured_one():
-    costs = StepCosts([1, 4, 16], [0.1, 0.2, 0.3], [[1, 1.1], [1, 1.2], [1, 1.3]])
-    assert costs.at(1) == (0.1, [1, 1.1]) and costs.at(3) == (0.2, [1, 1.2]) and costs.at(64) == (0.3, [1, 1.3])
+    costs = StepCosts([1, 4, 16], [[1, 1.1], [1, 1.2], [1, 1.3]])
+    assert costs.at(1) == [1, 1.1] and costs.at(3) == [1, 1.2] and costs.at(64) == [1, 1.3]
     assert StepCosts.from_dict(json.loads(json.dumps(costs.to_dict()))) == costs
 
 
 def test_running_acceptance_learns_and_decays_back_to_the_prior():
-    ctl = AdaptiveGamma(3, StepCosts([1], [0.05], [[1.0] * 4]), prior=0.6, prior_weight=4)
+    ctl = AdaptiveGamma(3, StepCosts([1], [rounds(0.05, [1.0] * 4)]), prior=0.6, prior_weight=4)
     assert ctl.acceptance() == pytest.approx([0.6] * 3)
     for _ in range(200):
         ctl.record(3, 1)  # draft 1 kept, draft 2 rejected, draft 3 never reached
@@ -100,7 +105,7 @@ def test_the_gamma_used_follows_the_batch_size(tiny):
     probe = Engine.load(root / "target", root / "draft", gamma=AUTO_GAMMA_MAX, adaptive_gamma=True, max_batch=4,
                         max_seq_len=128)
     key = calibration_key(probe.runner, AUTO_GAMMA_MAX)
-    costs = StepCosts([1, 2, 4], [0.01, 5.0, 5.0], [[1.0] * 6, [1.0 + g for g in range(6)], [1.0 + g for g in range(6)]])
+    costs = StepCosts([1, 2, 4], [rounds(0.01, [1.0] * 6), rounds(5.0, [1.0] * 6), rounds(5.0, [1.0] * 6)])
     (root / "draft" / CALIBRATION_FILE).write_text(json.dumps({key: costs.to_dict()}))
     auto = Engine.load(root / "target", root / "draft", gamma=AUTO_GAMMA_MAX, adaptive_gamma=True, max_batch=4,
                        max_seq_len=128)

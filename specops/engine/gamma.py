@@ -1,11 +1,12 @@
 """Choosing γ for every step (``--gamma auto``) from the running batch size and the draft's running acceptance.
 
 A round that drafts γ tokens yields E(γ) = 1 + Σ_{k=1..γ} Π_{j<k} a_j tokens on average, a_j being the chance
-draft j is kept once the chain reaches it, and costs γ·c + v(γ) target steps: c is one draft step and v(γ) the
-verification of γ + 1 tokens, both relative to a plain 1-token target step at the same batch size (v(0) = 1).
-The controller picks the γ with the most tokens per unit of cost, E/(γc + v) (γ = 0 scores 1). It chooses by the
-goodput the model predicts, not by an acceptance target: acceptance can stay flat from batch 1 to 32 while the
-best γ flips, because c and v change with the batch. c and v come from a short calibration at start-up, kept in a
+draft j is kept once the chain reaches it, and costs R(γ) plain steps: γ·c + v(γ) in the usual model (c one draft
+step, v(γ) the verification of γ + 1 tokens, both relative to a plain 1-token step at the same batch size) plus
+what that model leaves out (verification, bookkeeping), so R is measured as a whole round rather than summed.
+The controller picks the γ with the most tokens per unit of cost, E(γ)/R(γ) (γ = 0 scores 1). It chooses by the
+throughput the model predicts, not by an acceptance target: acceptance can stay flat from batch 1 to 32 while the
+best γ flips, because the costs change with the batch. R comes from a short calibration at start-up, kept in a
 JSON file next to the draft so a restart skips it; the acceptances are running estimates that decay back toward
 a prior, so a γ = 0 stretch (which observes nothing) does not freeze them.
 """
@@ -13,7 +14,6 @@ a prior, so a γ = 0 stretch (which observes nothing) does not freeze them.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,24 +26,22 @@ from specops.errors import SpecopsError
 
 @dataclass
 class StepCosts:
-    """Per measured batch size: the draft step cost c and v(γ) for γ = 0..γ_max, relative to a 1-token target step."""
+    """Per measured batch size: R(γ) for γ = 0..γ_max, a round's time relative to a plain decode step (R(0) = 1)."""
 
     batch_sizes: list[int]
-    draft: list[float]
-    verify: list[list[float]]
+    rounds: list[list[float]]
 
-    def at(self, batch: int) -> tuple[float, list[float]]:
+    def at(self, batch: int) -> list[float]:
         """The costs of the smallest measured batch size ≥ ``batch`` (the largest beyond them)."""
         i = next((i for i, b in enumerate(self.batch_sizes) if b >= batch), len(self.batch_sizes) - 1)
-        return self.draft[i], self.verify[i]
+        return self.rounds[i]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepCosts":
-        return cls([int(b) for b in d["batch_sizes"]], [float(c) for c in d["draft"]],
-                   [[float(x) for x in v] for v in d["verify"]])
+        return cls([int(b) for b in d["batch_sizes"]], [[float(x) for x in r] for r in d["rounds"]])
 
 
 def expected_tokens(accept: list[float], gamma: int) -> float:
@@ -55,11 +53,11 @@ def expected_tokens(accept: list[float], gamma: int) -> float:
     return total
 
 
-def choose_gamma(accept: list[float], draft_cost: float, verify_cost: list[float], gamma_max: int) -> int:
-    """The γ in 0..γ_max with the most tokens per cost, E(γ) / (γ·c + v(γ)); ties go to the smaller γ."""
-    best, best_rate = 0, 1.0 / verify_cost[0]
+def choose_gamma(accept: list[float], round_cost: list[float], gamma_max: int) -> int:
+    """The γ in 0..γ_max with the most tokens per cost, E(γ) / R(γ); ties go to the smaller γ."""
+    best, best_rate = 0, 1.0 / round_cost[0]
     for g in range(1, gamma_max + 1):
-        rate = expected_tokens(accept, g) / (g * draft_cost + verify_cost[g])
+        rate = expected_tokens(accept, g) / round_cost[g]
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = g, rate
     return best
@@ -89,8 +87,7 @@ class AdaptiveGamma:
         """γ for the next round of ``batch`` rows; each call also ages the estimates by one round."""
         self.kept = [k * self.decay for k in self.kept]
         self.reached = [r * self.decay for r in self.reached]
-        c, v = self.costs.at(batch)
-        return choose_gamma(self.acceptance(), c, v, self.gamma_max)
+        return choose_gamma(self.acceptance(), self.costs.at(batch), self.gamma_max)
 
 
 # -- calibration ---------------------------------------------------------------------------------------------------
@@ -108,45 +105,51 @@ def calibration_key(runner, gamma_max: int) -> str:
             f"|draft {d.hidden_size}|max_batch {runner.scratch}|gamma {gamma_max}|fused {runner.fused}")
 
 
-def _timed(fn, device, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _timed(fn, device, samples: int = 5, min_s: float = 0.004) -> float:
+    """Seconds per call: each sample repeats ``fn`` for at least ``min_s``; the fastest sample counts (the work is
+    fixed, so anything slower is interference)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(samples):
+        n, t = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            sync()
+            elapsed = time.perf_counter() - t
+            if elapsed >= min_s or n >= 200:
+                break
+        best = min(best, elapsed / n)
+    return best
 
 
 @torch.inference_mode()
-def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 64, reps: int = 9) -> StepCosts:
-    """Time target forwards of 1..γ_max + 1 tokens per row and one draft step at each batch size, on the free
-    slots of a runner that serves nothing yet (what these forwards write is overwritten by later prefills)."""
-    from specops.models import attention
+def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 64, passes: int = 2) -> StepCosts:
+    """Time whole decode rounds (verify γ drafts, draft γ more) for γ = 0..γ_max at each batch size, greedy, on the
+    free slots of a runner that serves nothing yet (what they write is overwritten by later prefills). Every
+    (batch, γ) is timed in each of ``passes`` sweeps over all of them and the fastest counts: the first sweep also
+    pays for each new shape's one-off kernel set-up."""
+    from specops.engine.model_runner import Mode
 
-    dev, draft = runner.device, runner.draft
-    hidden = draft.cfg.hidden_size
-    draft_c, verify = [], []
-    for b in batch_sizes:
-        slots = torch.arange(b, device=dev)
-        target = []
-        for t in range(1, gamma_max + 2):
-            tokens = torch.ones(b, t, dtype=torch.long, device=dev)
-            pos = context + torch.arange(t, device=dev).expand(b, t)
-            meta = attention.for_rows(runner.fused, slots, pos)
-            target.append(_timed(lambda: runner.model(tokens, runner.cache, meta, runner.tap_layers), dev, reps))
-        tok = torch.ones(b, 1, dtype=torch.long, device=dev)
-        h = torch.zeros(b, hidden, dtype=runner.model.model.embed_tokens.weight.dtype, device=dev)
-        meta = attention.for_rows(runner.fused, slots, torch.full((b, 1), context, device=dev))
-        step = _timed(lambda: draft(tok, h, runner.proposer.cache, meta, False), dev, reps)
-        draft_c.append(step / target[0])
-        # Verifying more tokens never costs less; a smaller timing than a shorter one's is noise.
-        verify.append([max(target[: i + 1]) / target[0] for i in range(len(target))])
-    return StepCosts(list(batch_sizes), draft_c, verify)
+    dev = runner.device
+    best = {(b, g): float("inf") for b in batch_sizes for g in range(gamma_max + 1)}
+    for _ in range(passes):
+        for b in batch_sizes:
+            slots = torch.arange(b, device=dev)
+            runner.row_slots[:b] = slots
+
+            def one(g: int, b=b, slots=slots):
+                runner.ctx_len[slots] = context  # the same context every time
+                runner._round(b, Mode(), g, g)
+
+            for g in range(gamma_max + 1):
+                best[(b, g)] = min(best[(b, g)], _timed(lambda g=g: one(g), dev, samples=3))
+    runner.row_slots.fill_(runner.scratch)
+    runner.ctx_len.zero_()
+    rounds = [[best[(b, g)] / best[(b, 0)] for g in range(gamma_max + 1)] for b in batch_sizes]
+    return StepCosts(list(batch_sizes), rounds)
 
 
 def load_or_measure(runner, gamma_max: int, batch_sizes: list[int], path: Optional[Path]) -> StepCosts:
