@@ -83,10 +83,11 @@ def tiny(tmp_path_factory):
 PROMPTS = [[1, 5, 9, 14], [1, 30, 31], [1, 22, 8, 8, 40, 41], [1, 17]]
 
 
-def test_auto_gamma_is_lossless_and_measures_its_costs_once(tiny):
+def test_auto_gamma_is_lossless_and_stores_its_costs(tiny):
     root, plain = tiny
     params = SamplingParams(temperature=0.0, max_tokens=40)
     expected = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    (root / "draft" / CALIBRATION_FILE).write_text("{not json")  # an unreadable file is measured again, replaced
     auto = Engine.load(root / "target", root / "draft", gamma=AUTO_GAMMA_MAX, adaptive_gamma=True, max_batch=4,
                        max_seq_len=128)
     stored = json.loads((root / "draft" / CALIBRATION_FILE).read_text())

@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 
-from specops.errors import SpecopsError
 
 
 @dataclass
@@ -64,9 +63,11 @@ def choose_gamma(accept: list[float], round_cost: list[float], gamma_max: int) -
 
 
 class AdaptiveGamma:
-    """Running per-position acceptance (kept / reached, exponentially decayed toward ``prior``) and the choice."""
+    """Running per-position acceptance (kept / reached, exponentially decayed toward ``prior``) and the choice. The
+    prior is optimistic on purpose: a γ = 0 choice observes nothing, so a pessimistic start could never learn
+    that drafting pays."""
 
-    def __init__(self, gamma_max: int, costs: StepCosts, prior: float = 0.6, prior_weight: float = 8.0,
+    def __init__(self, gamma_max: int, costs: StepCosts, prior: float = 0.8, prior_weight: float = 8.0,
                  decay: float = 0.995):
         self.gamma_max, self.costs, self.decay = gamma_max, costs, decay
         self.prior, self.prior_weight = prior, prior_weight
@@ -126,14 +127,16 @@ def _timed(fn, device, samples: int = 5, min_s: float = 0.004) -> float:
 
 
 @torch.inference_mode()
-def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 64, passes: int = 2) -> StepCosts:
+def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 256, passes: int = 2) -> StepCosts:
     """Time whole decode rounds (verify γ drafts, draft γ more) for γ = 0..γ_max at each batch size, greedy, on the
-    free slots of a runner that serves nothing yet (what they write is overwritten by later prefills). Every
+    free slots of a runner that serves nothing yet (what they write is overwritten by later prefills), at a
+    ``context`` of the length of a typical prompt and answer (attention over it grows with γ too). Every
     (batch, γ) is timed in each of ``passes`` sweeps over all of them and the fastest counts: the first sweep also
     pays for each new shape's one-off kernel set-up."""
     from specops.engine.model_runner import Mode
 
     dev = runner.device
+    context = min(context, runner.model.rotary.cos.shape[0] - 2 * (gamma_max + 1))  # within the caches' room
     best = {(b, g): float("inf") for b in batch_sizes for g in range(gamma_max + 1)}
     for _ in range(passes):
         for b in batch_sizes:
@@ -154,16 +157,20 @@ def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int =
 
 def load_or_measure(runner, gamma_max: int, batch_sizes: list[int], path: Optional[Path]) -> StepCosts:
     """The costs stored at ``path`` for this machine and these models, else measured now (and stored there when
-    the folder is writable)."""
+    the folder is writable; an unreadable file is replaced)."""
     key = calibration_key(runner, gamma_max)
     stored: dict[str, Any] = {}
     if path is not None and path.is_file():
         try:
             stored = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise SpecopsError(f"{path}: unreadable calibration ({e}); delete it to measure again") from None
-        if key in stored:
-            return StepCosts.from_dict(stored[key])
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            stored = {}  # unreadable: measured again and rewritten
+        stored = stored if isinstance(stored, dict) else {}
+        try:
+            if key in stored:
+                return StepCosts.from_dict(stored[key])
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry in an older layout: measured again and replaced
     costs = measure_costs(runner, gamma_max, batch_sizes)
     if path is not None:
         stored[key] = costs.to_dict()
