@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from specops.engine.config import EngineConfig
-from specops.engine.gamma import CALIBRATION_FILE
-from specops.engine.model_runner import Mode, ModelRunner, Pending
+from specops.engine.gamma import CALIBRATION_FILE, AdaptiveGamma, load_or_measure
+from specops.engine.model_runner import Mode, ModelRunner, Pending, buckets
 from specops.engine.sampling import SamplingParams
 from specops.engine.scheduler import Output, Request, Scheduler, StepOutput
 from specops.engine.stats import SpecStats
@@ -80,9 +80,6 @@ class Engine:
         self.speculative = self.draft is not None or forced_tokens > 0  # outputs carry acceptance counters
         self.controller = None
         if adaptive_gamma and self.draft is not None:
-            from specops.engine.gamma import AdaptiveGamma, load_or_measure
-            from specops.engine.model_runner import buckets
-
             costs = load_or_measure(self.runner, self.gamma, buckets(max_batch), calibration)
             self.controller = AdaptiveGamma(self.gamma, costs)
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)

@@ -10,8 +10,10 @@ graphs, and runs the two kinds of step the scheduler asks for.
   slot of each row, and gives back one small tensor: the accepted count and tokens of each row.
 
 A round is a fixed-shape function of those buffers. With the fused kernels on CUDA it is captured as a CUDA
-graph per (batch bucket, sampling mode) and replayed: the batch is padded up to its bucket with rows that point
-at a scratch slot nobody owns, so padding never touches a request's cache. Requests under a grammar need host
+graph per (batch bucket, sampling mode, drafts verified, drafts proposed) and replayed (γ may change between
+rounds under ``--gamma auto``; a round whose rows hold different numbers of drafts runs eagerly): the batch is
+padded up to its bucket with rows that point at a scratch slot nobody owns, so padding never touches a request's
+cache. Requests under a grammar need host
 work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU;
 with schema-aware drafting their rows also draft different numbers of tokens (γ free ones plus forced runs), so
 such a round is as wide as its longest row and verification knows each row's length.
@@ -104,7 +106,7 @@ class ModelRunner:
         self.ctx_len = torch.zeros(slots, dtype=torch.long, device=dev)
         self.drafts = torch.zeros(slots, self.width, dtype=torch.long, device=dev)
         self.draft_probs = torch.zeros(slots, self.width, v, dtype=torch.float32, device=dev)
-        self.draft_len = [gamma] * slots  # each slot's pending drafts (host side: only grammar rounds vary it)
+        self.draft_len = [gamma] * slots  # each slot's pending drafts (host side: γ may change between rounds)
         self.sampling = SamplingState(slots, dev)
         self.row_slots = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
         self._steps = torch.arange(self.width + 1, device=dev)

@@ -46,7 +46,7 @@ class DraftInput:
     top_k: torch.Tensor
     top_p: torch.Tensor
     u: torch.Tensor | None  # [B, ≥ steps] uniforms; None when every row is greedy (drafts are argmaxes)
-    gamma: int  # free proposals per row this round (≤ the proposer's γ; 0: the draft model does not run)
+    gamma: int  # free proposals per row this round (≤ the proposer's γ; 0: none, and no draft steps)
     filtering: bool = False  # some row cuts with top-k / top-p
     guides: list | None = None  # per row None or a grammar cursor context (``Constraint.drafting``)
     prefill: bool = False  # the target's forward was a prefill: the draft reads the prompt even at γ = 0
