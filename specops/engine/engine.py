@@ -82,6 +82,7 @@ class Engine:
         if adaptive_gamma and self.draft is not None:
             costs = load_or_measure(self.runner, self.gamma, buckets(max_batch), calibration)
             self.controller = AdaptiveGamma(self.gamma, costs)
+        self.runner.capture_all(range(self.gamma + 1) if self.controller is not None else [self.gamma])
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet

@@ -22,7 +22,6 @@ from typing import Any, Optional
 import torch
 
 
-
 @dataclass
 class StepCosts:
     """Per measured batch size: R(γ) for γ = 0..γ_max, a round's time relative to a plain decode step (R(0) = 1)."""
@@ -50,6 +49,13 @@ def expected_tokens(accept: list[float], gamma: int) -> float:
         reach *= accept[k]
         total += reach
     return total
+
+
+def predicted_speedup(tokens_per_round: float, gamma: int, c: float, v: float) -> float:
+    """Throughput of γ-token speculation over plain decoding in the usual model: a round yields E tokens (the mean
+    acceptance length) and costs γ draft steps of ``c`` plus one verification of γ + 1 tokens, ``v``, both relative
+    to a plain 1-token target step at the same batch size: E / (γc + v)."""
+    return tokens_per_round / (gamma * c + v)
 
 
 def choose_gamma(accept: list[float], round_cost: list[float], gamma_max: int) -> int:
@@ -126,31 +132,74 @@ def _timed(fn, device, samples: int = 5, min_s: float = 0.004) -> float:
     return best
 
 
-@torch.inference_mode()
-def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 256, passes: int = 2) -> StepCosts:
-    """Time whole decode rounds (verify γ drafts, draft γ more) for γ = 0..γ_max at each batch size, greedy, on the
-    free slots of a runner that serves nothing yet (what they write is overwritten by later prefills), at a
-    ``context`` of the length of a typical prompt and answer (attention over it grows with γ too). Every
-    (batch, γ) is timed in each of ``passes`` sweeps over all of them and the fastest counts: the first sweep also
-    pays for each new shape's one-off kernel set-up."""
+def _round_timer(runner, b: int, context: int):
+    """A function timing one greedy round of ``b`` rows at ``context`` tokens, verifying w drafts and drafting g:
+    as the engine runs it (a CUDA-graph replay where graphs are used, else eager), on free slots whose state later
+    prefills overwrite."""
     from specops.engine.model_runner import Mode
 
     dev = runner.device
+    slots = torch.arange(b, device=dev)
+
+    def timed(w: int, g: int) -> float:
+        def one():
+            runner.ctx_len[slots] = context  # the same context every time
+            if runner.use_graphs:
+                runner._replay(b, Mode(), w, g)
+            else:
+                runner._round(b, Mode(), w, g)
+
+        runner.row_slots[:b] = slots
+        return _timed(one, dev, samples=3)
+
+    return timed
+
+
+def _reset(runner) -> None:
+    runner.row_slots.fill_(runner.scratch)
+    runner.ctx_len.zero_()
+
+
+@torch.inference_mode()
+def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: int = 256) -> list[dict[str, Any]]:
+    """The step costs of the speculative-decoding model, per batch size, in milliseconds and relative to a plain
+    1-token target step: ``target_ms``; per γ, ``verify_ms``/``v`` (the target forward over γ + 1 tokens with its
+    verification, drafting nothing) and ``round_ms`` (the whole round: verify, then draft γ); ``draft_ms``/``c``
+    (one draft step: the round's time beyond verification, over γ, at the largest γ). Then γ·c + v(γ) is the
+    round's measured cost, and ``predicted_speedup`` turns a measured acceptance length into a throughput ratio."""
+    context = min(context, runner.model.rotary.cos.shape[0] - 2 * (max(gammas) + 1))
+    out = []
+    for b in batch_sizes:
+        timed = _round_timer(runner, b, context)
+        target = timed(0, 0)
+        row: dict[str, Any] = {"batch": b, "target_ms": target * 1e3, "verify_ms": {}, "round_ms": {}, "v": {}}
+        for g in gammas:
+            verify_s, round_s = timed(g, 0), timed(g, g)
+            row["verify_ms"][g], row["round_ms"][g], row["v"][g] = verify_s * 1e3, round_s * 1e3, verify_s / target
+        g = max(gammas)
+        draft = max(row["round_ms"][g] - row["verify_ms"][g], 0.0) / g / 1e3
+        row["draft_ms"], row["c"] = draft * 1e3, draft / target
+        out.append(row)
+    _reset(runner)
+    return out
+
+
+@torch.inference_mode()
+def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int = 256, passes: int = 2) -> StepCosts:
+    """Time whole decode rounds (verify γ drafts, draft γ more) for γ = 0..γ_max at each batch size, greedy, as
+    the engine runs them (replayed CUDA graphs where it uses them), on the free slots of a runner that serves
+    nothing yet (what they write is overwritten by later prefills), at a
+    ``context`` of the length of a typical prompt and answer (attention over it grows with γ too). Every
+    (batch, γ) is timed in each of ``passes`` sweeps over all of them and the fastest counts: the first sweep also
+    pays for each new shape's one-off kernel set-up."""
     context = min(context, runner.model.rotary.cos.shape[0] - 2 * (gamma_max + 1))  # within the caches' room
     best = {(b, g): float("inf") for b in batch_sizes for g in range(gamma_max + 1)}
     for _ in range(passes):
         for b in batch_sizes:
-            slots = torch.arange(b, device=dev)
-            runner.row_slots[:b] = slots
-
-            def one(g: int, b=b, slots=slots):
-                runner.ctx_len[slots] = context  # the same context every time
-                runner._round(b, Mode(), g, g)
-
+            timed = _round_timer(runner, b, context)
             for g in range(gamma_max + 1):
-                best[(b, g)] = min(best[(b, g)], _timed(lambda g=g: one(g), dev, samples=3))
-    runner.row_slots.fill_(runner.scratch)
-    runner.ctx_len.zero_()
+                best[(b, g)] = min(best[(b, g)], timed(g, g))
+    _reset(runner)
     rounds = [[best[(b, g)] / best[(b, 0)] for g in range(gamma_max + 1)] for b in batch_sizes]
     return StepCosts(list(batch_sizes), rounds)
 

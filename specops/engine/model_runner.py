@@ -278,6 +278,18 @@ class ModelRunner:
 
     # -- CUDA graphs --------------------------------------------------------------------------------------------
 
+    def capture_all(self, gammas) -> None:
+        """Capture, before any request arrives, the rounds steady decoding replays: every bucket, greedy and
+        sampled, verifying and drafting each γ in ``gammas``, so no request waits for a capture (rounds that
+        switch γ, or filter with top-k / top-p, are still captured on first use)."""
+        if not self.use_graphs:
+            return
+        for b in self.buckets or []:
+            for mode in (Mode(), Mode(sampled=True)):
+                for g in gammas:
+                    if (b, mode, g, g) not in self._graphs:
+                        self._graphs[(b, mode, g, g)] = self._capture(b, mode, g, g)
+
     def _replay(self, b: int, mode: Mode, w: int, g: int) -> torch.Tensor:
         key = (b, mode, w, g)
         if key not in self._graphs:
