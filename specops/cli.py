@@ -52,6 +52,11 @@ DRAFT = typer.Option(None, "--draft", help="EAGLE-3 draft directory; enables spe
 GAMMA = typer.Option("3", "--gamma", help="Speculative tokens per step (0 = plain decoding), or auto: chosen every "
                      "step from the batch size and the running acceptance (cost model E/(γc + v), calibrated once "
                      "and stored next to the draft).")
+GAMMA_SCHEDULE = typer.Option(None, "--gamma-schedule", help="γ by running batch size instead of one --gamma, in "
+                              "vLLM's num_speculative_tokens_per_batch_size form: a JSON list of inclusive "
+                              "\\[start, end, γ] batch-size ranges from 1, each starting after the one before, e.g. "
+                              "'[[1,4,5],[5,16,3],[17,64,1]]' (larger batches keep the last γ). --gamma becomes its "
+                              "largest γ.")
 DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N.")
 DTYPE = typer.Option("float32", "--dtype", help=f"Weights and KV cache: {', '.join(DTYPES)} (or fp32, bf16, fp16).")
 MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded together (continuous batching).")
@@ -65,11 +70,11 @@ DRAFTER = typer.Option("eagle3", "--drafter", help=f"{' | '.join(DRAFTERS)}: wha
 
 def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: str,
                   device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool,
-                  drafter: str) -> EngineConfig:
+                  drafter: str, gamma_schedule: Optional[str]) -> EngineConfig:
     g, adaptive = parse_gamma(gamma)
     return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=g, adaptive_gamma=adaptive,
                         device=device, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len,
-                        cuda_graphs=cuda_graphs, drafter=drafter).validate()
+                        cuda_graphs=cuda_graphs, drafter=drafter, gamma_schedule=gamma_schedule).validate()
 
 
 @app.command()
@@ -79,6 +84,7 @@ def generate(
     prompts: Path = typer.Option(..., "--prompts", help='JSONL requests: {"id", "query"|"prompt"|"messages"} per line.'),
     out: Path = typer.Option(..., "--out", help='JSONL output: {"id", "text", "token_ids", "finish_reason", "spec"}.'),
     lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT, gamma: str = GAMMA,
+    gamma_schedule: Optional[str] = GAMMA_SCHEDULE,
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 = no top-k cut."),
@@ -96,7 +102,7 @@ def generate(
     from specops import generate as gen
 
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
-                        drafter)
+                        drafter, gamma_schedule)
     stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
                     max_tokens=max_tokens, seed=seed, provenance=provenance, json_schema=json_schema)
     typer.echo(f"wrote {out}", err=True)
@@ -111,7 +117,7 @@ def generate(
 @clean_errors
 def serve(
     model: Path = MODEL, lora: Optional[Path] = LORA, lora_mode: str = LORA_MODE, draft: Optional[Path] = DRAFT,
-    gamma: str = GAMMA,
+    gamma: str = GAMMA, gamma_schedule: Optional[str] = GAMMA_SCHEDULE,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/*."),
@@ -129,7 +135,7 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
-                        drafter)
+                        drafter, gamma_schedule)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name)
 
 

@@ -194,6 +194,7 @@ def test_missing_vllm_python_is_a_clear_error(tmp_path):
     (dict(kind="nope"), "backend must be one of"),
     (dict(kind="external"), "needs a URL"),
     (dict(kind="embedded", model=Path("/no/such/model")), "model directory not found"),
+    (dict(kind="vllm", gamma_schedule=((1, 8, 3),)), "--gamma-schedule runs on the embedded backend only"),
 ])
 def test_bad_configs_are_refused_before_anything_starts(cfg, message):
     with pytest.raises(SpecopsError, match=message):

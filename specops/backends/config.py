@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from specops.engine.config import LORA_MODES, EngineConfig
+from specops.engine.config import LORA_MODES, EngineConfig, GammaSchedule
 from specops.errors import SpecopsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,7 @@ class BackendConfig:
     gamma: int = 3
     drafter: str = "eagle3"  # engine.config.DRAFTERS (embedded only)
     adaptive_gamma: bool = False  # --gamma auto, up to ``gamma`` (embedded only)
+    gamma_schedule: Optional[GammaSchedule] = None  # --gamma-schedule: γ by batch size (embedded only)
     url: Optional[str] = None
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
@@ -41,12 +42,15 @@ class BackendConfig:
     served_model_name: Optional[str] = None
     max_seq_len: int = 1024
     max_batch: int = 16
-    device: str = "cpu"
+    device: str = "cpu"  # device and dtype: the embedded engine's
+    dtype: str = "float32"
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None: a free port
     stop_grace_s: float = 20.0
 
     def validate(self) -> None:
+        if self.gamma_schedule is not None and self.kind != "embedded":
+            raise SpecopsError("--gamma-schedule runs on the embedded backend only")
         if self.kind == "external":
             if not self.url:
                 raise SpecopsError("the external backend needs a URL")
@@ -65,8 +69,9 @@ class BackendConfig:
     def engine_config(self) -> EngineConfig:
         """The embedded engine's settings for this config."""
         return EngineConfig(model=Path(self.model), lora=self.lora, lora_mode=self.lora_mode, draft=self.draft,
-                            gamma=self.gamma, device=self.device, max_batch=self.max_batch,
-                            max_seq_len=self.max_seq_len, drafter=self.drafter, adaptive_gamma=self.adaptive_gamma)
+                            gamma=self.gamma, device=self.device, dtype=self.dtype, max_batch=self.max_batch,
+                            max_seq_len=self.max_seq_len, drafter=self.drafter, adaptive_gamma=self.adaptive_gamma,
+                            gamma_schedule=self.gamma_schedule)
 
     @property
     def model_name(self) -> str:

@@ -3,10 +3,11 @@ share, checked in one place and turned back into command-line flags for a server
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from specops.errors import SpecopsError
 
@@ -16,6 +17,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DRAFTERS = ("eagle3", "schema", "schema+eagle3")
 FORCED_TOKENS = 16  # schema-aware drafting: the most forced tokens a row drafts beyond γ in one round
 AUTO_GAMMA_MAX = 5  # --gamma auto chooses γ in 0..5 each step
+GammaSchedule = tuple[tuple[int, int, int], ...]  # --gamma-schedule: (first batch size, last batch size, γ) ranges
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,9 @@ class EngineConfig:
     """``gamma`` is the number of speculative tokens per step; without a ``draft`` decoding is plain (γ = 0).
     ``lora_mode``: merged folds the adapter into the weights at load, unmerged adds it in the forward.
     ``drafter``: ``eagle3`` proposes with the draft alone; ``schema+eagle3`` adds the tokens a request's JSON schema
-    forces, beyond γ; ``schema`` proposes forced tokens alone, with no draft model."""
+    forces, beyond γ; ``schema`` proposes forced tokens alone, with no draft model. ``gamma_schedule`` (JSON text or
+    [start, end, γ] ranges, see ``parse_gamma_schedule``): γ by running batch size; ``gamma`` is then its largest γ,
+    the most drafts a round takes."""
 
     model: Path
     lora: Optional[Path] = None
@@ -37,9 +41,14 @@ class EngineConfig:
     cuda_graphs: bool = True  # on CUDA, replay each decode round as a captured graph
     drafter: str = "eagle3"
     adaptive_gamma: bool = False  # --gamma auto: γ chosen every step, at most ``gamma``
+    gamma_schedule: Optional[GammaSchedule] = None
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 → bfloat16
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if self.gamma_schedule is not None:
+            schedule = parse_gamma_schedule(self.gamma_schedule)
+            object.__setattr__(self, "gamma_schedule", schedule)
+            object.__setattr__(self, "gamma", schedule_gamma(schedule))
 
     def validate(self) -> "EngineConfig":
         """Refuse settings that cannot load, naming the flag; returns self."""
@@ -50,16 +59,19 @@ class EngineConfig:
                 raise SpecopsError(f"{flag}: directory not found: {path}")
         if self.lora_mode not in LORA_MODES:
             raise SpecopsError(f"--lora-mode must be one of {', '.join(LORA_MODES)}, not {self.lora_mode!r}")
-        if self.dtype not in DTYPES:
-            raise SpecopsError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise SpecopsError(f"--device must be cpu, cuda or cuda:N, not {self.device!r}")
+        check_dtype(self.dtype)
+        check_device(self.device)
         if self.gamma < 0:
             raise SpecopsError(f"--gamma must be >= 0, got {self.gamma}")
         if self.drafter not in DRAFTERS:
             raise SpecopsError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
         if self.adaptive_gamma and self.draft is None:
             raise SpecopsError("--gamma auto chooses how many tokens the draft proposes: give --draft")
+        if self.gamma_schedule is not None:
+            if self.adaptive_gamma:
+                raise SpecopsError("--gamma-schedule fixes γ per batch size: it excludes --gamma auto")
+            if self.gamma > 0 and self.draft is None:
+                raise SpecopsError(f"--gamma-schedule drafts up to {self.gamma} tokens per round: give --draft")
         if self.drafter == "schema" and self.draft is not None:
             raise SpecopsError("--drafter schema proposes forced tokens alone: drop --draft, or use schema+eagle3")
         if self.max_batch < 1:
@@ -87,6 +99,8 @@ class EngineConfig:
             args += ["--lora", str(self.lora), "--lora-mode", self.lora_mode]
         if self.draft is not None:
             args += ["--draft", str(self.draft), "--gamma", "auto" if self.adaptive_gamma else str(self.gamma)]
+        if self.gamma_schedule is not None:
+            args += ["--gamma-schedule", json.dumps(self.gamma_schedule, separators=(",", ":"))]
         if self.drafter != "eagle3":
             args += ["--drafter", self.drafter]
         if not self.cuda_graphs:
@@ -106,3 +120,60 @@ def parse_gamma(text: str) -> tuple[int, bool]:
     if gamma < 0:
         raise SpecopsError(f"--gamma must be >= 0, got {gamma}")
     return gamma, False
+
+
+def parse_gamma_schedule(value: str | Sequence) -> GammaSchedule:
+    """``--gamma-schedule``: vLLM's ``num_speculative_tokens_per_batch_size``, a JSON list of inclusive batch-size
+    ranges with a γ each, ``[[1,4,5],[5,16,3],[17,64,1]]``: from batch size 1, each range starting right after the one
+    before (so every batch size has exactly one γ). ``value``: the JSON text, or the list itself."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise SpecopsError(f"--gamma-schedule is not JSON: {value!r}") from None
+    triples = isinstance(value, (list, tuple)) and value and all(
+        isinstance(r, (list, tuple)) and len(r) == 3 and all(type(x) is int for x in r) for r in value)
+    if not triples:
+        raise SpecopsError("--gamma-schedule must be a non-empty JSON list of [start, end, γ] integer triples, "
+                           f"like [[1,4,5],[5,16,3]]; got {json.dumps(value, default=str)}")
+    schedule = tuple(tuple(r) for r in value)
+    next_start = 1
+    for start, end, gamma in schedule:
+        where = f"--gamma-schedule: range {[start, end, gamma]}"
+        if next_start == 1 and start != 1:
+            raise SpecopsError(f"{where} must start at batch size 1")
+        if start > next_start:
+            raise SpecopsError(f"{where} leaves batch sizes {next_start}..{start - 1} without a γ")
+        if start < next_start:
+            raise SpecopsError(f"{where} overlaps the range before (it should start at {next_start})")
+        if end < start:
+            raise SpecopsError(f"{where} ends before it starts")
+        if gamma < 0:
+            raise SpecopsError(f"{where}: γ must be >= 0")
+        next_start = end + 1
+    return schedule
+
+
+def gamma_at(schedule: GammaSchedule, batch: int) -> int:
+    """The schedule's γ for ``batch`` running requests; beyond the last range, its γ (as vLLM does)."""
+    return next((gamma for _, end, gamma in schedule if batch <= end), schedule[-1][2])
+
+
+def schedule_gamma(schedule: GammaSchedule) -> int:
+    """The most drafts a round of the schedule takes: its largest γ."""
+    return max(gamma for _, _, gamma in schedule)
+
+
+def canonical_dtype(dtype: str) -> str:
+    """The torch name of a dtype alias (bf16 → bfloat16); other names unchanged."""
+    return DTYPE_ALIASES.get(dtype, dtype)
+
+
+def check_dtype(dtype: str) -> None:
+    if canonical_dtype(dtype) not in DTYPES:
+        raise SpecopsError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+
+
+def check_device(device: str) -> None:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise SpecopsError(f"--device must be cpu, cuda or cuda:N, not {device!r}")

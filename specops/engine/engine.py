@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specops.engine.config import EngineConfig
+from specops.engine.config import EngineConfig, GammaSchedule, gamma_at, schedule_gamma
 from specops.engine.gamma import CALIBRATION_FILE, AdaptiveGamma, load_or_measure
 from specops.engine.model_runner import Mode, ModelRunner, Pending, buckets
 from specops.engine.sampling import SamplingParams
@@ -52,15 +52,20 @@ class Engine:
         forced_tokens: int = 0,
         adaptive_gamma: bool = False,
         calibration: Path | None = None,
+        gamma_schedule: GammaSchedule | None = None,
     ):
         """``cuda_graphs``: capture rounds as CUDA graphs where the fused kernels run (CUDA); ``bucket_padding``:
         pad batches to the graph buckets (default: exactly when graphs are used); ``overlap``: queue each round
         before reading the previous one (default: on CUDA); ``forced_tokens``: schema-aware drafting, the most
         schema-forced tokens a constrained request drafts beyond γ per round (0: off; without a draft, forced
         tokens alone); ``adaptive_gamma``: choose γ in 0..``gamma`` every step (``engine.gamma``), with the step
-        costs read from or measured into ``calibration`` (a JSON file; None: measured, not kept)."""
+        costs read from or measured into ``calibration`` (a JSON file; None: measured, not kept);
+        ``gamma_schedule``: γ by running batch size instead (``config.parse_gamma_schedule``), each at most ``gamma``."""
         if gamma < 0:
             raise SpecopsError(f"gamma must be >= 0, got {gamma}")
+        if gamma_schedule is not None and schedule_gamma(gamma_schedule) > gamma:
+            raise SpecopsError(f"gamma_schedule drafts up to {schedule_gamma(gamma_schedule)} tokens, more than "
+                               f"gamma = {gamma}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.gamma = gamma if draft is not None else 0
@@ -78,6 +83,7 @@ class Engine:
         self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding,
                                   forced_tokens)
         self.speculative = self.draft is not None or forced_tokens > 0  # outputs carry acceptance counters
+        self.gamma_schedule = gamma_schedule if self.draft is not None else None
         self.controller = None
         if adaptive_gamma and self.draft is not None:
             costs = load_or_measure(self.runner, self.gamma, buckets(max_batch), calibration)
@@ -107,7 +113,8 @@ class Engine:
         return cls(model, tokenizer, draft=draft, gamma=gamma, max_batch=cfg.max_batch, max_seq_len=cfg.max_seq_len,
                    eos_token_ids=eos_token_ids(cfg.model, model, tokenizer), cuda_graphs=cfg.cuda_graphs,
                    forced_tokens=cfg.forced_tokens, adaptive_gamma=cfg.adaptive_gamma,
-                   calibration=None if draft_dir is None else Path(draft_dir) / CALIBRATION_FILE)
+                   calibration=None if draft_dir is None else Path(draft_dir) / CALIBRATION_FILE,
+                   gamma_schedule=cfg.gamma_schedule)
 
     @classmethod
     def load(cls, model_dir: str | Path, draft: str | Path | Eagle3Draft | None = None, **settings) -> "Engine":
@@ -165,8 +172,11 @@ class Engine:
                                   self._gamma_for(len(reqs)))
 
     def _gamma_for(self, batch: int) -> int:
-        """γ for a round of ``batch`` rows: fixed, or the controller's choice with ``--gamma auto``."""
-        return self.gamma if self.controller is None else self.controller.choose(batch)
+        """γ for a round of ``batch`` rows: fixed, the schedule's for that batch size, or the controller's choice
+        with ``--gamma auto``."""
+        if self.controller is not None:
+            return self.controller.choose(batch)
+        return self.gamma if self.gamma_schedule is None else gamma_at(self.gamma_schedule, batch)
 
     def _finish(self, reqs: list[Request], pending: Pending, outputs: list[StepOutput]) -> None:
         """Read a round's result and emit it for the requests that are still running (not finished or aborted
