@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from specops.bench import params
 from specops.bench.cli import app
+from specops.bench.store import gamma_order
 from specops.bench.workload import from_dataset, ordered
 from specops.errors import SpecopsError
 
@@ -29,6 +30,15 @@ def sweep(*args: str):
 def dataset(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"id": "a", "query": "red shoes under $80"}\n{"prompt": "A blue kettle"}\n', encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def model(tmp_path):
+    """A directory that passes for a model until a server loads it."""
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
     return path
 
 
@@ -71,11 +81,14 @@ def test_dataset_without_usable_prompts(tmp_path):
     (["--gamma", "0", "--slo", "latency=2s"], "--slo: 'latency=2s' is not KEY=DURATION"),
     (["--gamma", "0", "--rate", "uniform:3"], "--rate: 'uniform:3' is not poisson:R"),
     (["--gamma", "0", "--synthetic", "4"], "give exactly one of --dataset FILE.jsonl or --synthetic N"),
+    (["--gamma", "0,schedule"], "--gamma schedule runs the γ table of --gamma-schedule: give it"),
+    (["--gamma", "0,3", "--gamma-schedule", "[[1,4,5]]"], "add schedule to --gamma"),
+    (["--gamma", "schedule", "--gamma-schedule", "[[1,4,0]]"], "--gamma-schedule never drafts"),
+    (["--gamma", "schedule", "--gamma-schedule", "[[2,4,1]]"], "--gamma-schedule: range [2, 4, 1] must start at"),
+    (["--gamma", "schedule", "--gamma-schedule", "[[1,4,1]]", "--backend", "vllm"],
+     "--gamma schedule is the embedded engine's own"),
 ])
-def test_option_errors(tmp_path, dataset, args, message):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def test_option_errors(tmp_path, dataset, model, args, message):
     r = sweep("--model", str(model), "--dataset", str(dataset), "--out", str(tmp_path / "run"), *args)
     assert message in one_error_line(r)
     assert not (tmp_path / "run").exists()
@@ -95,6 +108,8 @@ def test_external_server_serves_one_gamma(tmp_path, dataset):
 def test_parsing_of_grid_slo_and_rate():
     assert params.int_list("--gamma", "5, 0,3,3", 0) == [0, 3, 5]
     assert params.gamma_list("5,auto,0,AUTO") == [0, 5, "auto"] and params.gamma_list("auto") == ["auto"]
+    assert params.gamma_list("schedule,3,auto") == [3, "auto", "schedule"] == sorted(
+        ["schedule", "auto", 3], key=gamma_order)
     with pytest.raises(SpecopsError, match="--gamma"):
         params.gamma_list("3,automatic")
     assert params.float_list("--temperature", "0.7,0", 0.0) == [0.0, 0.7]

@@ -50,6 +50,19 @@ def test_best_gamma_per_level_and_the_deployable_schedule():
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 64, 3]]' in block["vllm"]["cli"]
 
 
+def test_the_engines_gamma_is_compared_with_the_best_fixed_gamma_and_stays_out_of_the_schedule():
+    tputs = {1: {0: 100, 3: 140, "auto": 150, "schedule": 145}, 4: {0: 350, 3: 450, "auto": 400, "schedule": 460}}
+    (block,) = recommend(table(tputs))["by_temperature"]
+    assert [(lv["concurrency"], lv["gamma"]) for lv in block["levels"]] == [(1, 3), (4, 3)]
+    assert block["embedded"]["gamma_per_batch_size"] == [[1, 4, 3]]
+    got = {(d["concurrency"], d["drafter"]): (d["gamma"], d["eagle3_gamma"], d["throughput_vs_eagle3"])
+           for d in block["drafters"]}
+    assert got == {(1, "eagle3 auto"): ("auto", 3, pytest.approx(150 / 140)),
+                   (1, "eagle3 schedule"): ("schedule", 3, pytest.approx(145 / 140)),
+                   (4, "eagle3 auto"): ("auto", 3, pytest.approx(400 / 450)),
+                   (4, "eagle3 schedule"): ("schedule", 3, pytest.approx(460 / 450))}
+
+
 def test_high_load_regression_is_flagged():
     (block,) = recommend(table(STUDY))["by_temperature"]
     flagged = [(r["gamma"], r["concurrency"]) for r in block["regressions"]]

@@ -141,3 +141,18 @@ def test_export_writes_json_and_csv(tmp_path):
     assert [(r["gamma"], r["concurrency"]) for r in rows] == [("0", "1"), ("0", "4")]
     assert float(rows[1]["output_tokens_per_s"]) == pytest.approx(40.0)
     assert float(rows[0]["e2el_ms_p99"]) == pytest.approx(1000.0)
+
+
+def test_the_engines_gamma_values_are_stored_sorted_and_exported_as_names(tmp_path):
+    spec = {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 6, "accepted_per_pos": [4, 2]}
+    store = RunStore.open(tmp_path, FIXED, resume=False)
+    for g in ("schedule", 3, "auto", 0):
+        store.commit(stored(g, 1, 0, 1.0, spec=None if g == 0 else spec))
+    cfgs = store.configs()
+    store.close()
+    assert sorted(c.point.gamma for c in cfgs if isinstance(c.point.gamma, str)) == ["auto", "schedule"]
+    export(tmp_path, FIXED, cfgs, {"e2e": 2.0}, None, 1)
+    rows = json.loads((tmp_path / "results.json").read_text())["configurations"]
+    assert [r["gamma"] for r in rows] == [0, 3, "auto", "schedule"]
+    assert rows[3]["acceptance"]["num_drafts"] == 4 and rows[3]["speedup_throughput"]["value"] == pytest.approx(1.0)
+    assert [r["gamma"] for r in csv.DictReader((tmp_path / "results.csv").open())] == ["0", "3", "auto", "schedule"]

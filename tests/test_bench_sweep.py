@@ -228,6 +228,30 @@ def test_auto_gamma_is_a_configuration_of_its_own_and_resumes(tiny, tmp_path):
     assert again.returncode == 0 and "6 of 6 configurations already measured" in again.stderr
 
 
+@pytest.mark.slow
+def test_a_gamma_schedule_is_a_configuration_of_its_own(tiny, tmp_path):
+    """Against plain decoding, with γ = 3 alone and γ = 1 from two requests on: one client drafts 3 tokens a round,
+    three clients fewer; the recommendation compares the schedule with the best fixed γ."""
+    run = tmp_path / "run"
+    done = subprocess.run(sweep_argv(
+        "--model", str(tiny / "target"), "--draft", str(tiny / "draft"), "--gamma", "0,schedule",
+        "--gamma-schedule", "[[1,1,3],[2,8,1]]", "--concurrency", "1,3", "--temperature", "0", "--dataset",
+        str(tiny / "prompts.jsonl"), "--num-prompts", "4", "--max-tokens", "12", "--warmup", "1", "--slo", "e2e=60s",
+        "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run / "results.json").read_text())
+    assert results["fixed"]["gamma_schedule"] == [[1, 1, 3], [2, 8, 1]]
+    grid = {(r["gamma"], r["concurrency"]): r for r in results["configurations"]}
+    assert set(grid) == {(g, c) for g in (0, "schedule") for c in (1, 3)}
+    alone, together = grid[("schedule", 1)]["acceptance"], grid[("schedule", 3)]["acceptance"]
+    assert alone["num_draft_tokens"] == 3 * alone["num_drafts"] > 0
+    assert together["num_draft_tokens"] < 3 * together["num_drafts"]
+    assert all(r["errors"] == 0 and r["speedup_throughput"] is not None for r in grid.values())
+    (block,) = json.loads((run / "recommendation.json").read_text())["by_temperature"]
+    assert [d["drafter"] for d in block["drafters"]] == ["eagle3 schedule", "eagle3 schedule"]
+    assert "schedule" in (run / "results.csv").read_text()
+
+
 def overlap(records) -> int:
     """Most requests in flight at once, from the records' [start, end] intervals."""
     events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_s, -1) for r in records])

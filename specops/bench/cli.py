@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from specops.engine.config import parse_gamma_schedule
 from specops.errors import clean_errors
 
 app = typer.Typer(help="Serving benchmarks: one configuration or the whole grid.", no_args_is_help=True,
@@ -36,6 +37,9 @@ SLO = typer.Option("e2e=2000ms", "--slo", help="SLOs for goodput: ttft=, tpot=, 
 COST = typer.Option(None, "--gpu-hourly-cost", help="USD per GPU hour: adds cost per million output tokens.")
 GPUS = typer.Option(1, "--gpus", help="GPUs the server uses (for cost).")
 MAX_BATCH = typer.Option(None, "--max-batch", help="Server batch limit (default: the largest concurrency).")
+GAMMA_SCHEDULE = typer.Option(None, "--gamma-schedule", help="What --gamma schedule runs (embedded backend): γ by "
+                              "running batch size as vLLM's num_speculative_tokens_per_batch_size, e.g. "
+                              "'[[1,4,5],[5,64,3]]' (a recommendation's embedded.gamma_per_batch_size).")
 
 
 def sweep_config(**kw):
@@ -47,6 +51,7 @@ def sweep_config(**kw):
         out=kw["out"], backend=kw["backend"], model=kw["model"], lora=kw["lora"], draft=kw["draft"], url=kw["url"],
         api_key=kw["api_key"], vllm_python=kw["vllm_python"], vllm_args=list(kw["vllm_arg"]),
         gammas=params.gamma_list(kw["gamma"]),
+        gamma_schedule=parse_gamma_schedule(kw["gamma_schedule"]) if kw.get("gamma_schedule") is not None else None,
         drafters=[d.strip() for d in kw.get("drafter", "eagle3").split(",") if d.strip()],
         json_schema=kw.get("json_schema"),
         concurrencies=params.int_list("--concurrency", kw["concurrency"], 1),
@@ -67,7 +72,9 @@ def sweep(
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,
     vllm_arg: list[str] = VLLM_ARG,
     gamma: str = typer.Option("0,1,3,5", "--gamma", help="Speculative tokens per step; 0 = no draft; auto = chosen by "
-                                                          "the engine every step (embedded backend)."),
+                              "the engine every step, schedule = by batch size from --gamma-schedule (embedded "
+                              "backend)."),
+    gamma_schedule: Optional[str] = GAMMA_SCHEDULE,
     drafter: str = typer.Option("eagle3", "--drafter", help="Drafters to compare, comma-separated: eagle3, "
                                 "schema+eagle3 (at each γ > 0), schema (forced tokens alone, once). The schema ones "
                                 "need --json-schema."),
@@ -100,7 +107,9 @@ def bench(
     backend: str = BACKEND, model: Optional[Path] = MODEL, lora: Optional[Path] = LORA, draft: Optional[Path] = DRAFT,
     url: Optional[str] = URL, api_key: Optional[str] = API_KEY, vllm_python: Optional[Path] = VLLM_PYTHON,
     vllm_arg: list[str] = VLLM_ARG,
-    gamma: str = typer.Option("3", "--gamma", help="Speculative tokens per step; 0 = no draft."),
+    gamma: str = typer.Option("3", "--gamma", help="Speculative tokens per step; 0 = no draft; auto or schedule "
+                              "(with --gamma-schedule) on the embedded backend."),
+    gamma_schedule: Optional[str] = GAMMA_SCHEDULE,
     drafter: str = typer.Option("eagle3", "--drafter", help="eagle3, schema+eagle3 or schema (the schema ones need "
                                                             "--json-schema)."),
     json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="Every request asks for answers in this "

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specops.backends import KINDS
-from specops.engine.config import DRAFTERS
-from specops.bench.store import Point, speculative
+from specops.engine.config import DRAFTERS, GammaSchedule, schedule_gamma
+from specops.bench.store import NAMED_GAMMAS, Point, speculative
 from specops.bench.workload import dataset_digest
 from specops.errors import SpecopsError
 
@@ -33,7 +33,8 @@ class SweepConfig:
     api_key: Optional[str] = None
     vllm_python: Optional[Path] = None
     vllm_args: list[str] = field(default_factory=list)
-    gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))  # numbers, and "auto"
+    gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))  # numbers, "auto", "schedule"
+    gamma_schedule: Optional[GammaSchedule] = None  # what γ = "schedule" runs (engine.config.parse_gamma_schedule)
     drafters: list[str] = field(default_factory=lambda: ["eagle3"])  # engine.config.DRAFTERS
     json_schema: Optional[Path] = None  # every request asks for this schema (response_format json_schema)
     concurrencies: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))
@@ -63,7 +64,7 @@ class SweepConfig:
             raise SpecopsError(f"--backend must be one of {', '.join(KINDS)}, not {self.backend!r}")
         if not self.gammas or not self.concurrencies or not self.temperatures:
             raise SpecopsError("the grid is empty: give at least one --gamma, --concurrency and --temperature value")
-        fixed = [g for g in self.gammas if g != "auto"]
+        fixed = [g for g in self.gammas if g not in NAMED_GAMMAS]
         if min(fixed, default=0) < 0 or min(self.concurrencies) < 1 or min(self.temperatures) < 0:
             raise SpecopsError("γ must be ≥ 0, concurrency ≥ 1 and temperature ≥ 0")
         bad = [d for d in self.drafters if d not in DRAFTERS]
@@ -78,16 +79,25 @@ class SweepConfig:
                 raise SpecopsError("--drafter schema+eagle3 needs a γ > 0 in --gamma")
         if self.json_schema is not None and not Path(self.json_schema).is_file():
             raise SpecopsError(f"--json-schema: file not found: {self.json_schema}")
+        if "schedule" in self.gammas and self.gamma_schedule is None:
+            raise SpecopsError("--gamma schedule runs the γ table of --gamma-schedule: give it, e.g. "
+                               "--gamma-schedule '[[1,4,5],[5,64,3]]'")
+        if self.gamma_schedule is not None:
+            if "schedule" not in self.gammas:
+                raise SpecopsError("--gamma-schedule is measured as the γ value schedule: add schedule to --gamma")
+            if schedule_gamma(self.gamma_schedule) == 0:
+                raise SpecopsError("--gamma-schedule never drafts (every γ is 0): measure that as --gamma 0")
         if self.backend == "external":
             if not self.url:
                 raise SpecopsError("--backend external needs --url")
-            if len(self.gammas) != 1 or self.gammas[0] == "auto":
+            if len(self.gammas) != 1 or self.gammas[0] in NAMED_GAMMAS:
                 raise SpecopsError("an external server runs one fixed γ: give exactly one --gamma value (its γ)")
         else:
             if self.model is None or not (Path(self.model) / "config.json").is_file():
                 raise SpecopsError(f"--model: not a model directory with config.json: {self.model}")
-            if "auto" in self.gammas and self.backend != "embedded":
-                raise SpecopsError("--gamma auto is the embedded engine's own: use numbers with this backend")
+            named = [g for g in self.gammas if g in NAMED_GAMMAS]
+            if named and self.backend != "embedded":
+                raise SpecopsError(f"--gamma {named[0]} is the embedded engine's own: use numbers with this backend")
             if any(map(speculative, self.gammas)) and self.draft is None:
                 raise SpecopsError("γ > 0 needs --draft (an EAGLE-3 draft directory)")
             for name in ("lora", "draft"):
@@ -139,6 +149,8 @@ class SweepConfig:
             "max_batch": self.server_max_batch,
             **({"json_schema": _schema_digest(Path(self.json_schema))} if self.json_schema else {}),
             **({"provenance": True} if self.provenance else {}),
+            # only when set, so that runs from before this option still resume
+            **({"gamma_schedule": [list(r) for r in self.gamma_schedule]} if self.gamma_schedule is not None else {}),
         }
 
     @property

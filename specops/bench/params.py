@@ -6,6 +6,7 @@ import math
 import re
 
 from specops.bench.latency import SLO_METRICS
+from specops.bench.store import NAMED_GAMMAS
 from specops.errors import SpecopsError
 
 _SLO_ALIASES = {"e2el": "e2e"}
@@ -35,11 +36,12 @@ def int_list(option: str, text: str, minimum: int) -> list[int]:
 
 
 def gamma_list(text: str) -> list[int | str]:
-    """``--gamma``: ``"0,1,3,auto"`` → [0, 1, 3, "auto"] (``auto``: the engine chooses γ every step)."""
+    """``--gamma``: ``"0,1,3,auto,schedule"`` → [0, 1, 3, "auto", "schedule"] (``auto``: the engine chooses γ every
+    step; ``schedule``: γ by batch size from --gamma-schedule)."""
     parts = _parts("--gamma", text)
-    auto = [p for p in parts if p.lower() == "auto"]
-    fixed = ",".join(p for p in parts if p.lower() != "auto")
-    return (int_list("--gamma", fixed, 0) if fixed else []) + (["auto"] if auto else [])
+    named = {p.lower() for p in parts} & set(NAMED_GAMMAS)
+    fixed = ",".join(p for p in parts if p.lower() not in NAMED_GAMMAS)
+    return (int_list("--gamma", fixed, 0) if fixed else []) + [g for g in NAMED_GAMMAS if g in named]
 
 
 def float_list(option: str, text: str, minimum: float) -> list[float]:

@@ -6,8 +6,8 @@ speedup over γ = 0 is below 1 is flagged as a regression. The deployable form i
 ``num_speculative_tokens_per_batch_size: [[start_bs, end_bs, K], ...]`` (inclusive ranges starting at 1):
 the concurrency level c_i covers batch sizes (c_{i-1}, c_i], adjacent levels with the same γ merge, and vLLM
 carries the last K beyond the largest level measured. That schedule is chosen among the EAGLE-3 rows of fixed γ;
-rows of other drafters (schema-aware drafting) and of ``--gamma auto`` are compared with it per level: the best of
-each next to the best fixed-γ EAGLE-3 configuration.
+rows of other drafters (schema-aware drafting), of ``--gamma auto`` and of ``--gamma schedule`` are compared with it
+per level: the best of each next to the best fixed-γ EAGLE-3 configuration.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from specops.bench.store import gamma_order
+from specops.bench.store import NAMED_GAMMAS, gamma_order
 
 
 def _best(rows: list[dict], key) -> dict:
@@ -80,14 +80,15 @@ def _temperature(rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
 
 
 def _kind(r: dict) -> str:
-    """eagle3 (fixed γ), a schema drafter's name, or "eagle3 auto" (rows from before the drafter axis: eagle3)."""
+    """eagle3 (fixed γ), a schema drafter's name, or with the engine's γ "eagle3 auto" / "eagle3 schedule" (rows
+    from before the drafter axis: eagle3)."""
     drafter = r.get("drafter", "eagle3")
-    return f"{drafter} auto" if r["gamma"] == "auto" else drafter
+    return f"{drafter} {r['gamma']}" if r["gamma"] in NAMED_GAMMAS else drafter
 
 
 def drafter_levels(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per concurrency: the best configuration of each drafter and of γ = auto (by goodput, then throughput)
-    against the best fixed-γ EAGLE-3 one, by goodput and by throughput."""
+    """Per concurrency: the best configuration of each drafter, of γ = auto and of γ = schedule (by goodput, then
+    throughput) against the best fixed-γ EAGLE-3 one, by goodput and by throughput."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == conc]

@@ -19,16 +19,17 @@ from typing import Iterator
 from specops.backends import Backend, BackendConfig, start_backend
 from specops.bench.config import SweepConfig
 from specops.bench.store import speculative
-from specops.engine.config import AUTO_GAMMA_MAX
+from specops.engine.config import AUTO_GAMMA_MAX, schedule_gamma
 
 STATE = "server.json"
 
 
 def backend_config(cfg: SweepConfig, gamma: int | str, drafter: str = "eagle3") -> BackendConfig:
-    auto = gamma == "auto"
+    auto, scheduled = gamma == "auto", gamma == "schedule"
+    most = AUTO_GAMMA_MAX if auto else schedule_gamma(cfg.gamma_schedule) if scheduled else max(gamma, 1)
     return BackendConfig(kind=cfg.backend, model=cfg.model, lora=cfg.lora,
-                         draft=cfg.draft if speculative(gamma) else None,
-                         gamma=AUTO_GAMMA_MAX if auto else max(gamma, 1), adaptive_gamma=auto, drafter=drafter,
+                         draft=cfg.draft if speculative(gamma) else None, gamma=most, adaptive_gamma=auto,
+                         gamma_schedule=cfg.gamma_schedule if scheduled else None, drafter=drafter,
                          url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python, vllm_args=list(cfg.vllm_args), max_batch=cfg.server_max_batch,
                          startup_timeout_s=cfg.startup_timeout_s)
 

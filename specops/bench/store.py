@@ -40,14 +40,17 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
+NAMED_GAMMAS = ("auto", "schedule")  # γ the engine sets per round: --gamma auto, --gamma-schedule
+
+
 def speculative(gamma: int | str) -> bool:
-    """Whether a configuration drafts: γ > 0, or γ chosen by the engine (``auto``)."""
-    return gamma == "auto" or gamma > 0
+    """Whether a configuration drafts: γ > 0, or γ set by the engine per round (``auto``, ``schedule``)."""
+    return gamma in NAMED_GAMMAS or gamma > 0
 
 
 def gamma_order(gamma: int | str) -> int:
-    """Sort key of γ values: the numbers, then ``auto``."""
-    return 1 << 30 if gamma == "auto" else gamma
+    """Sort key of γ values: the numbers, then ``auto``, then ``schedule``."""
+    return (1 << 30) + NAMED_GAMMAS.index(gamma) if gamma in NAMED_GAMMAS else gamma
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Point:
     """One configuration of the grid; ``repeat`` numbers the repeated measurements of the same settings;
     ``drafter`` says what proposed the drafts (``engine.config.DRAFTERS``)."""
 
-    gamma: int | str  # a number of draft tokens, or "auto" (chosen by the engine every step)
+    gamma: int | str  # a number of draft tokens, "auto" (chosen every step) or "schedule" (by batch size)
     concurrency: int
     temperature: float
     repeat: int = 0
