@@ -87,11 +87,20 @@ def test_dataset_without_usable_prompts(tmp_path):
     (["--gamma", "schedule", "--gamma-schedule", "[[2,4,1]]"], "--gamma-schedule: range [2, 4, 1] must start at"),
     (["--gamma", "schedule", "--gamma-schedule", "[[1,4,1]]", "--backend", "vllm"],
      "--gamma schedule is the embedded engine's own"),
+    (["--gamma", "0", "--dtype", "int8"], "--dtype must be one of float32, bfloat16, float16, not 'int8'"),
+    (["--gamma", "0", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--gamma", "0", "--dtype", "bf16", "--backend", "vllm"], "--device and --dtype are the embedded server's"),
 ])
 def test_option_errors(tmp_path, dataset, model, args, message):
     r = sweep("--model", str(model), "--dataset", str(dataset), "--out", str(tmp_path / "run"), *args)
     assert message in one_error_line(r)
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_takes_the_schedule_device_and_dtype_options(dataset, model):
+    r = CliRunner().invoke(app, ["bench", "--model", str(model), "--dataset", str(dataset), "--gamma", "schedule",
+                                 "--gamma-schedule", "[[1,4,1]]", "--dtype", "bf16", "--device", "tpu"])
+    assert "--device must be cpu, cuda or cuda:N, not 'tpu'" in one_error_line(r)
 
 
 def test_missing_model_directory(tmp_path, dataset):

@@ -228,6 +228,26 @@ def test_auto_gamma_is_a_configuration_of_its_own_and_resumes(tiny, tmp_path):
     assert again.returncode == 0 and "6 of 6 configurations already measured" in again.stderr
 
 
+def test_schedule_device_and_dtype_reach_the_server_and_the_fixed_parameters_only_when_set(tiny):
+    from specops.bench.config import SweepConfig
+    from specops.bench.servers import backend_config
+
+    base = dict(model=tiny / "target", draft=tiny / "draft", synthetic=4)
+    old = SweepConfig(**base).fixed()
+    assert not {"gamma_schedule", "device", "dtype"} & set(old)  # runs from before these options still resume
+    cfg = SweepConfig(**base, gammas=[0, "schedule"], gamma_schedule=((1, 4, 5), (5, 64, 3)), device="cuda:1",
+                      dtype="bf16")
+    cfg.validate()
+    assert cfg.fixed() == {**old, "gamma_schedule": [[1, 4, 5], [5, 64, 3]], "device": "cuda:1", "dtype": "bfloat16"}
+    argv = backend_config(cfg, "schedule").engine_config().argv()
+    flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+    assert (flag("--gamma-schedule"), flag("--gamma")) == ("[[1,4,5],[5,64,3]]", "5")
+    assert flag("--draft") == str(tiny / "draft")
+    assert (flag("--device"), flag("--dtype")) == ("cuda:1", "bfloat16")
+    plain = backend_config(cfg, 0).engine_config().argv()
+    assert "--gamma-schedule" not in plain and "--draft" not in plain and "cuda:1" in plain
+
+
 @pytest.mark.slow
 def test_a_gamma_schedule_is_a_configuration_of_its_own(tiny, tmp_path):
     """Against plain decoding, with γ = 3 alone and γ = 1 from two requests on: one client drafts 3 tokens a round,

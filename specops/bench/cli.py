@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specops.engine.config import parse_gamma_schedule
+from specops.engine.config import DTYPES, parse_gamma_schedule
 from specops.errors import clean_errors
 
 app = typer.Typer(help="Serving benchmarks: one configuration or the whole grid.", no_args_is_help=True,
@@ -40,6 +40,8 @@ MAX_BATCH = typer.Option(None, "--max-batch", help="Server batch limit (default:
 GAMMA_SCHEDULE = typer.Option(None, "--gamma-schedule", help="What --gamma schedule runs (embedded backend): γ by "
                               "running batch size as vLLM's num_speculative_tokens_per_batch_size, e.g. "
                               "'[[1,4,5],[5,64,3]]' (a recommendation's embedded.gamma_per_batch_size).")
+DEVICE = typer.Option("cpu", "--device", help="Embedded server: cpu, cuda or cuda:N.")
+DTYPE = typer.Option("float32", "--dtype", help=f"Embedded server: {', '.join(DTYPES)} (or fp32, bf16, fp16).")
 
 
 def sweep_config(**kw):
@@ -61,6 +63,7 @@ def sweep_config(**kw):
         ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
         provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
+        device=kw.get("device", "cpu"), dtype=kw.get("dtype", "float32"),
     )
 
 
@@ -90,6 +93,7 @@ def sweep(
     provenance: bool = typer.Option(False, "--provenance", help="Record each answer's draft provenance (specops "
                                                                 "servers) for `specops acceptance --run`."),
     gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH,
+    device: str = DEVICE, dtype: str = DTYPE,
 ) -> None:
     """Measure the (drafter, γ) × concurrency × temperature grid, one server per (drafter, γ); resumable after any
     interruption."""
@@ -119,7 +123,7 @@ def bench(
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,
     num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP, seed: int = SEED,
     ignore_eos: bool = IGNORE_EOS, slo: str = SLO, gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS,
-    max_batch: Optional[int] = MAX_BATCH,
+    max_batch: Optional[int] = MAX_BATCH, device: str = DEVICE, dtype: str = DTYPE,
     out: Optional[Path] = typer.Option(None, "--out", help="Keep the run directory here (default: temporary)."),
 ) -> None:
     """Measure one configuration and print its metrics as JSON."""

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specops.backends import KINDS
-from specops.engine.config import DRAFTERS, GammaSchedule, schedule_gamma
+from specops.engine.config import (DRAFTERS, GammaSchedule, canonical_dtype, check_device, check_dtype,
+                                   schedule_gamma)
 from specops.bench.store import NAMED_GAMMAS, Point, speculative
 from specops.bench.workload import dataset_digest
 from specops.errors import SpecopsError
@@ -55,8 +56,13 @@ class SweepConfig:
     gpu_hourly_cost: Optional[float] = None
     gpus: int = 1
     max_batch: Optional[int] = None  # server batch limit; None = the largest concurrency
+    device: str = "cpu"  # device and dtype: the embedded server's
+    dtype: str = "float32"
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        self.dtype = canonical_dtype(self.dtype)
 
     def validate(self) -> None:
         """Refuse a sweep that cannot run, before a server is started or a request sent."""
@@ -87,6 +93,10 @@ class SweepConfig:
                 raise SpecopsError("--gamma-schedule is measured as the γ value schedule: add schedule to --gamma")
             if schedule_gamma(self.gamma_schedule) == 0:
                 raise SpecopsError("--gamma-schedule never drafts (every γ is 0): measure that as --gamma 0")
+        check_device(self.device)
+        check_dtype(self.dtype)
+        if (self.device, self.dtype) != ("cpu", "float32") and self.backend != "embedded":
+            raise SpecopsError("--device and --dtype are the embedded server's: give vLLM's own with --vllm-arg")
         if self.backend == "external":
             if not self.url:
                 raise SpecopsError("--backend external needs --url")
@@ -149,8 +159,10 @@ class SweepConfig:
             "max_batch": self.server_max_batch,
             **({"json_schema": _schema_digest(Path(self.json_schema))} if self.json_schema else {}),
             **({"provenance": True} if self.provenance else {}),
-            # only when set, so that runs from before this option still resume
+            # only when set, so that runs from before these options still resume
             **({"gamma_schedule": [list(r) for r in self.gamma_schedule]} if self.gamma_schedule is not None else {}),
+            **({"device": self.device} if self.device != "cpu" else {}),
+            **({"dtype": self.dtype} if self.dtype != "float32" else {}),
         }
 
     @property
