@@ -88,7 +88,11 @@ class Engine:
         if adaptive_gamma and self.draft is not None:
             costs = load_or_measure(self.runner, self.gamma, buckets(max_batch), calibration)
             self.controller = AdaptiveGamma(self.gamma, costs)
-        self.runner.capture_all(range(self.gamma + 1) if self.controller is not None else [self.gamma])
+        if self.controller is not None:
+            steady = range(self.gamma + 1)
+        else:
+            steady = sorted({g for *_, g in self.gamma_schedule}) if self.gamma_schedule else [self.gamma]
+        self.runner.capture_all(steady)
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet
