@@ -63,6 +63,13 @@ def test_the_engines_gamma_is_compared_with_the_best_fixed_gamma_and_stays_out_o
                    (4, "eagle3 schedule"): ("schedule", 3, pytest.approx(460 / 450))}
 
 
+def test_a_run_of_a_schedule_alone_recommends_nothing_and_compares_with_nothing():
+    """The second, short run of a study applies a schedule by itself: no fixed γ to choose from or compare with."""
+    (block,) = recommend([row("schedule", 1, 140), row("schedule", 4, 450)])["by_temperature"]
+    assert block["levels"] == [] and block["embedded"]["gamma_per_batch_size"] is None
+    assert block["vllm"]["speculative_config"] is None and "drafters" not in block
+
+
 def test_high_load_regression_is_flagged():
     (block,) = recommend(table(STUDY))["by_temperature"]
     flagged = [(r["gamma"], r["concurrency"]) for r in block["regressions"]]

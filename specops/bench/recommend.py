@@ -44,7 +44,11 @@ def vllm_speculative_config(ranges: list[list[int]], draft: Optional[str]) -> Op
             "num_speculative_tokens_per_batch_size": ranges}
 
 
-def _temperature(rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
+def _temperature(t: float, rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
+    if not rows:  # a run of schedules or auto alone: nothing to choose a schedule from
+        return {"temperature": t, "levels": [], "regressions": [], "notes": ["no fixed-γ EAGLE-3 configuration measured"],
+                "vllm": {"speculative_config": None, "cli": "(measure fixed γ values to get one)"},
+                "embedded": {"gamma_per_batch_size": None}}
     levels, notes = [], []
     for conc in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == conc]
@@ -69,7 +73,7 @@ def _temperature(rows: list[dict], draft: Optional[str]) -> dict[str, Any]:
     ranges = schedule([(lv["concurrency"], lv["gamma"]) for lv in levels])
     spec = vllm_speculative_config(ranges, draft)
     return {
-        "temperature": rows[0]["temperature"],
+        "temperature": t,
         "levels": levels,
         "regressions": sorted(regressions, key=lambda x: (x["concurrency"], x["gamma"])),
         "notes": notes,
@@ -92,7 +96,10 @@ def drafter_levels(rows: list[dict]) -> list[dict[str, Any]]:
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == conc]
-        base = _best([r for r in at if _kind(r) == "eagle3"], lambda r: r["goodput_rps"])
+        fixed = [r for r in at if _kind(r) == "eagle3"]
+        if not fixed:
+            continue  # nothing to compare with at this level
+        base = _best(fixed, lambda r: r["goodput_rps"])
         for name in sorted({_kind(r) for r in at} - {"eagle3"}):
             best = _best([r for r in at if _kind(r) == name], lambda r: r["goodput_rps"])
             out.append({"concurrency": conc, "drafter": name, "gamma": best["gamma"],
@@ -110,7 +117,7 @@ def recommend(rows: list[dict], draft: Optional[str] = None) -> dict[str, Any]:
     eagle3 = [r for r in rows if _kind(r) == "eagle3"]
     blocks = []
     for t in temps:
-        block = _temperature([r for r in eagle3 if r["temperature"] == t], draft)
+        block = _temperature(t, [r for r in eagle3 if r["temperature"] == t], draft)
         others = drafter_levels([r for r in rows if r["temperature"] == t])
         if others:
             block["drafters"] = others
