@@ -1,0 +1,377 @@
+"""The study's grid on one GPU, with a target big enough that its curves mean something for GPU serving.
+
+Stages, each kept in ``--work`` and skipped when its output is already there, so a run that stops at a time limit
+goes on where it stopped when started again:
+
+1. ``models``: the fixture recipe scaled up (``recipe.STUDY``: a ≈ 158 M-parameter Llama, head_dim 64, bf16
+   weights), base + LoRA + merged target trained on the GPU, and the target's task quality on the held-out queries.
+2. ``draft``: its domain EAGLE-3 draft, self-distilled from the target's own greedy answers (training-time test).
+3. ``costs``: the step costs of the speculative model per batch size, from the engine's CUDA-graph replays in bf16:
+   a plain step, the verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step.
+4. ``grid``: ``specops sweep`` through the real server (``specops serve --device cuda --dtype bfloat16``): γ 0/1/3/5
+   × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs.
+5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
+   second short sweep, against the best fixed γ of the grid at each concurrency.
+
+Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
+with its 95 % CI, goodput under the 2 s SLO, and the speedup E/(γc + v) predicted from the measured acceptance and
+step costs) and writes ``study.json`` with the sweeps' ``results.json``/``results.csv``/``recommendation.json`` to
+``$OUT`` (or ``--out``) after every call, finished or not.
+
+    python benchmarks/gpu_study.py                       # one CUDA GPU; resumable, each call within --budget-s
+    python benchmarks/gpu_study.py --tiny --device cpu   # every stage at a tiny size: a check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+GAMMAS, CONCURRENCY, TEMPERATURES = [0, 1, 3, 5], [1, 4, 16, 32, 64], [0.0, 0.7]
+START = time.monotonic()
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --tiny)")
+    ap.add_argument("--tiny", action="store_true", help="tiny model, budgets and grid: a check of the script")
+    ap.add_argument("--work", type=Path, default=REPO / ".study", help="where models and sweeps are kept between calls")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the results (default: $OUT, else --work)")
+    ap.add_argument("--budget-s", type=float, default=540.0,
+                    help="stop starting work after this many seconds and write what is done (default 540)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="timed requests per configuration (default 128)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
+    ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - START:7.1f} s] {msg}", flush=True)
+
+
+def left(args) -> float:
+    return args.budget_s - (time.monotonic() - START)
+
+
+def progress_printer():
+    """Training progress as a line per tenth of each stage."""
+    def show(stage: str, step: int, total: int, loss: float) -> None:
+        if total and (step == total or step % max(1, total // 10) == 0):
+            log(f"  {stage} {step}/{total}" + (f" loss {loss:.3f}" if loss == loss else ""))
+    return show
+
+
+def settings(args):
+    """(model recipe, draft settings, sweep settings) for the run or its tiny check."""
+    from specops.fixtures.recipe import QUICK, STUDY
+
+    if args.tiny:  # the study's recipe with the quick build's budgets and a tiny shape (head_dim kept at 64)
+        budgets = {k: getattr(QUICK, k) for k in ("corpus_docs", "tokenizer_docs", "pretrain_steps", "pretrain_batch",
+                                                  "train_examples", "lora_steps", "lora_batch")}
+        recipe = replace(STUDY, **budgets, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
+                         eval_examples=8, max_new_tokens=24)
+        draft = dict(prompts=40, epochs=1.0, batch_size=8, lr=3e-3, vocab=256, max_new_tokens=24, eval_prompts=4)
+        sweep = dict(gammas=[0, 3], concurrency=[1, 4], temperatures=[0.0, 0.7], num_prompts=6, max_tokens=16,
+                     repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32")
+    else:
+        recipe = STUDY
+        draft = dict(prompts=6000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32)
+        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=128,
+                     max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16")
+    for key in ("num_prompts", "max_tokens", "repeats"):
+        if getattr(args, key) is not None:
+            sweep[key] = getattr(args, key)
+    return recipe, draft, sweep
+
+
+# -- stages --------------------------------------------------------------------------------------------------------
+
+def stage_models(args, recipe) -> dict:
+    """base/, lora/, target-merged/ and models.json (sizes, quality, time) under work/models."""
+    from specops.files import write_json
+    from specops.fixtures.recipe import build_models, setup_determinism
+
+    done = args.work / "models" / "models.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    log("models: training base, LoRA and merge")
+    setup_determinism(args.seed, args.device)
+    tmp = args.work / ".models.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    t0 = time.monotonic()
+    summary = build_models(tmp, recipe, args.seed, progress_printer(), args.device)
+    summary.update(seconds=round(time.monotonic() - t0, 1), recipe=asdict(recipe), device=device_name(args.device))
+    write_json(tmp / "models.json", summary)
+    tmp.rename(args.work / "models")  # complete or absent
+    return summary
+
+
+def stage_draft(args, recipe, d: dict) -> dict:
+    """The domain draft under work/draft-domain (the training pipeline resumes its own partial state)."""
+    from specops.fixtures.recipe import heldout_examples
+    from specops.training import pipeline
+    from specops.training.train import TrainConfig
+
+    out = args.work / "draft-domain"
+    if (out / "train_report.json").is_file():
+        return json.loads((out / "train_report.json").read_text())
+    log("draft: self-distilled domain EAGLE-3 draft")
+    heldout = tuple(e.query for e in heldout_examples(recipe.eval_examples))
+    job = pipeline.Job(
+        target=args.work / "models" / "target-merged", out=out,
+        source=pipeline.Source("synthetic", d["prompts"], exclude=heldout), draft_vocab_size=d["vocab"],
+        online=True, device=args.device, max_new_tokens=d["max_new_tokens"], eval_prompts=d["eval_prompts"],
+        train=TrainConfig(epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], ttt_steps=3, seed=args.seed + 2))
+    t0 = time.monotonic()
+    last = {}
+
+    def show(stage, done, total, fields):
+        if total and (done == total or done % max(1, total // 10) == 0) and last.get(stage) != done:
+            last[stage] = done
+            loss = f" loss {fields['loss']:.3f}" if "loss" in fields else ""
+            log(f"  {stage} {done}/{total}{loss}")
+
+    report = pipeline.run(job, show)
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    (out / "train_report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def stage_costs(args, s: dict) -> list[dict]:
+    """c and v(γ) per batch size from the serving engine's own rounds (bf16, CUDA graphs on the GPU)."""
+    import torch
+
+    from specops.engine.engine import Engine
+    from specops.engine.gamma import measure_parts
+
+    path = args.work / "costs.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    log("costs: plain, verify and draft steps per batch size")
+    engine = Engine.load(args.work / "models" / "target-merged", args.work / "draft-domain", gamma=max(s["gammas"]),
+                         device=args.device, dtype=s["dtype"], max_batch=max(s["concurrency"]), max_seq_len=1024)
+    parts = json.loads(json.dumps(measure_parts(engine.runner, [g for g in s["gammas"] if g > 0], s["parts_batches"])))
+    del engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    path.write_text(json.dumps(parts, indent=2) + "\n")
+    return parts
+
+
+def write_prompts(args, recipe) -> Path:
+    """The held-out queries (never trained on by the LoRA or the draft) as the sweep's prompt pool."""
+    from specops.fixtures.recipe import heldout_examples
+
+    path = args.work / "prompts.jsonl"
+    if not path.is_file():
+        lines = [json.dumps({"query": e.query}, ensure_ascii=False) for e in heldout_examples(recipe.eval_examples)]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: str, repeats: int,
+          extra: list[str] = ()) -> bool:
+    """``specops sweep`` in a subprocess (its server is ``specops serve`` on the device), resumed where a previous
+    call stopped; interrupted (and its finished points exported) when the budget runs out. True when complete."""
+    models = args.work / "models"
+    cmd = [sys.executable, "-m", "specops", "sweep", "--out", str(out), "--backend", "embedded",
+           "--model", str(models / "target-merged"), "--draft", str(args.work / "draft-domain"),
+           "--gamma", gammas, "--concurrency", ",".join(map(str, s["concurrency"])), "--temperature", temperatures,
+           "--repeats", str(repeats), "--dataset", str(prompts), "--num-prompts", str(s["num_prompts"]),
+           "--max-tokens", str(s["max_tokens"]), "--warmup", str(s["warmup"]), "--seed", str(args.seed),
+           "--device", args.device, "--dtype", s["dtype"], "--resume", *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    log("sweep: " + " ".join(cmd[3:]))
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    try:
+        return proc.wait(timeout=max(left(args) - 20, 1)) == 0
+    except subprocess.TimeoutExpired:
+        log("sweep: out of time; interrupting it (finished configurations are kept)")
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return False
+
+
+def stage_schedule(args, s: dict, prompts: Path) -> dict:
+    """Per temperature: the recommended batch-size schedule in a short sweep of its own."""
+    rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
+    out = {}
+    for block in rec["by_temperature"]:
+        t = block["temperature"]
+        ranges = block["embedded"]["gamma_per_batch_size"]
+        if max(g for *_, g in ranges) == 0:
+            out[str(t)] = {"schedule": ranges, "note": "no speculation recommended at any load"}
+            continue
+        run = args.work / f"schedule-t{t:g}"
+        if left(args) < 60:
+            break
+        complete = sweep(args, s, run, prompts, "schedule", f"{t:g}", 1, ["--gamma-schedule", json.dumps(ranges)])
+        out[str(t)] = {"schedule": ranges, "run": run.name, "complete": complete}
+    return out
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+
+
+def predicted(row: dict, parts: list[dict]) -> float | None:
+    """E/(γc + v) at the row's concurrency (the step costs of the nearest measured batch size at or above it)."""
+    from specops.engine.gamma import predicted_speedup
+
+    g = row["gamma"]
+    if not isinstance(g, int) or g == 0 or not row.get("acceptance"):
+        return None
+    p = next((p for p in parts if p["batch"] >= row["concurrency"]), parts[-1])
+    return predicted_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"], p["v"][str(g)])
+
+
+def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        sp = r.get("speedup_throughput") or {}
+        a = r.get("acceptance") or {}
+        pred = predicted(r, parts)
+        meas = sp.get("value")
+        out.append({
+            "temperature": r["temperature"], "concurrency": r["concurrency"], "gamma": r["gamma"],
+            "output_tokens_per_s": r["output_tokens_per_s"],
+            **{f"{k}_p{q}": (r.get(f"{k}_ms") or {}).get(f"p{q}") for k in ("ttft", "tpot", "e2el") for q in (50, 99)},
+            "acceptance_rate": a.get("acceptance_rate"), "mean_acceptance_length": a.get("mean_acceptance_length"),
+            "speedup": meas, "speedup_ci95": [sp.get("ci95_low"), sp.get("ci95_high")],
+            "goodput_rps": r["goodput_rps"], "predicted_speedup": pred,
+            "measured_over_predicted": meas / pred if meas and pred else None,
+        })
+    return out
+
+
+def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
+    """Per temperature and concurrency: the schedule's goodput against the best fixed γ's in the grid."""
+    out = []
+    for t, info in runs.items():
+        path = work / info.get("run", "-") / "results.json"
+        if not path.is_file():
+            continue
+        for r in json.loads(path.read_text())["configurations"]:
+            fixed = [g for g in grid if g["temperature"] == r["temperature"] and g["concurrency"] == r["concurrency"]
+                     and isinstance(g["gamma"], int)]
+            best = max(fixed, key=lambda g: (g["goodput_rps"], g["output_tokens_per_s"]), default=None)
+            out.append({"temperature": r["temperature"], "concurrency": r["concurrency"],
+                        "schedule_goodput_rps": r["goodput_rps"],
+                        "schedule_output_tokens_per_s": r["output_tokens_per_s"],
+                        "best_fixed_gamma": best and best["gamma"],
+                        "best_fixed_goodput_rps": best and best["goodput_rps"],
+                        "goodput_vs_best_fixed": r["goodput_rps"] / best["goodput_rps"]
+                        if best and best["goodput_rps"] else None})
+    return out
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_tables(doc: dict) -> None:
+    m = doc.get("models") or {}
+    if m:
+        t = m["target"]
+        print(f"\ntarget: {m['parameters'] / 1e6:.1f} M parameters, trained in {m['seconds']:.0f} s on {m['device']}; "
+              f"held-out ({m['heldout']}): schema-valid {t['valid_rate']:.3f}, field accuracy {t['field_accuracy']:.3f}")
+    d = doc.get("draft") or {}
+    after = (d.get("acceptance") or {}).get("after")
+    if after:
+        print(f"draft: trained in {d.get('seconds', 0):.0f} s; held-out acceptance {after['acceptance_rate']:.3f}, "
+              f"mean acceptance length {after['mean_acceptance_length']:.2f} at γ = {after['gamma']}")
+    if doc.get("costs"):
+        print("\nstep costs (relative to a plain 1-token step at the same batch size)")
+        print(f"{'batch':>5} {'plain ms':>9} {'c':>6} " + " ".join(f"{'v(' + g + ')':>7}" for g in doc["costs"][0]["v"]))
+        for p in doc["costs"]:
+            print(f"{p['batch']:>5} {p['target_ms']:>9.3f} {p['c']:>6.3f} " + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
+    if doc.get("grid"):
+        print("\nT    c  γ    tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms   E2E p50/p99 ms  acc   MAL  speedup [95% CI]"
+              "       goodput  pred  meas/pred")
+        for r in doc["grid"]:
+            lo, hi = r["speedup_ci95"]
+            print(f"{r['temperature']:<4g}{r['concurrency']:>3} {r['gamma']!s:>2} {r['output_tokens_per_s']:>8.1f} "
+                  f"{fmt(r['ttft_p50'], '7.1f')}/{fmt(r['ttft_p99'], '<7.1f')} "
+                  f"{fmt(r['tpot_p50'], '7.2f')}/{fmt(r['tpot_p99'], '<7.2f')} "
+                  f"{fmt(r['e2el_p50'], '7.0f')}/{fmt(r['e2el_p99'], '<7.0f')} "
+                  f"{fmt(r['acceptance_rate'], '.3f'):>5} {fmt(r['mean_acceptance_length']):>5} "
+                  f"{fmt(r['speedup'], '5.2f')} [{fmt(lo)}, {fmt(hi)}] {r['goodput_rps']:>8.2f} "
+                  f"{fmt(r['predicted_speedup']):>5} {fmt(r['measured_over_predicted']):>6}")
+    if doc.get("schedule"):
+        print("\nschedule (recommended γ per batch size) against the best fixed γ, goodput under the SLO")
+        for r in doc["schedule"]:
+            print(f"T {r['temperature']:g} c {r['concurrency']:>3}: schedule {r['schedule_goodput_rps']:.2f} rps, "
+                  f"best fixed γ={r['best_fixed_gamma']} {fmt(r['best_fixed_goodput_rps'])} rps, "
+                  f"ratio {fmt(r['goodput_vs_best_fixed'], '.3f')}")
+
+
+def main() -> int:
+    args = parse()
+    args.work = args.work.resolve()
+    out = (args.out or Path(os.environ.get("OUT") or args.work)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    recipe, draft, s = settings(args)
+    doc: dict = {"command": " ".join(sys.argv), "tiny": args.tiny, "settings": {"draft": draft, "sweep": s}}
+    status = {}
+    try:
+        doc["models"] = stage_models(args, recipe)
+        doc["draft"] = stage_draft(args, recipe, draft)
+        try:
+            doc["costs"] = stage_costs(args, s)
+        except Exception:  # the grid does not need them: measure it, and show why the predictions are missing
+            doc["errors"] = {"costs": traceback.format_exc()}
+            log("costs: failed (kept in study.json); going on with the grid")
+            print(doc["errors"]["costs"], flush=True)
+        prompts = write_prompts(args, recipe)
+        grid_done = sweep(args, s, args.work / "grid", prompts, ",".join(map(str, s["gammas"])),
+                          ",".join(f"{t:g}" for t in s["temperatures"]), s["repeats"])
+        status["grid"] = "complete" if grid_done else "partial"
+        if grid_done:
+            doc["schedule_runs"] = stage_schedule(args, s, prompts)
+            status["schedule"] = "complete" if all(v.get("complete", True) for v in doc["schedule_runs"].values()) \
+                and len(doc["schedule_runs"]) == len(s["temperatures"]) else "partial"
+    finally:
+        results = args.work / "grid" / "results.json"
+        if results.is_file():
+            rows = json.loads(results.read_text())["configurations"]
+            doc["grid"] = grid_table(rows, doc.get("costs") or [])
+            doc["schedule"] = schedule_table(doc["grid"], doc.get("schedule_runs", {}), args.work)
+            for name in ("results.json", "results.csv", "recommendation.json"):
+                if (args.work / "grid" / name).is_file():
+                    shutil.copy(args.work / "grid" / name, out / name)
+            for run in doc.get("schedule_runs", {}).values():
+                if "run" in run and (args.work / run["run"] / "results.json").is_file():
+                    shutil.copy(args.work / run["run"] / "results.json", out / f"{run['run']}.json")
+        doc["status"] = status
+        doc["seconds"] = round(time.monotonic() - START, 1)
+        (out / "study.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print_tables(doc)
+        log(f"wrote {out / 'study.json'}; status {status}")
+    return 0 if status.get("schedule") == "complete" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The GPU study's parts on the CPU: the prediction formula, the step-cost measurement on the serving engine, and
+``benchmarks/gpu_study.py --tiny`` end to end (the scaled recipe at a tiny size, the same code path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specops.engine.engine import Engine
+from specops.engine.gamma import measure_parts, predicted_speedup
+from specops.engine.sampling import SamplingParams
+from specops.fixtures.recipe import FULL, STUDY
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures" / "commerce-tiny"
+
+
+def test_predicted_speedup_by_hand():
+    # E = 3 tokens a round; γ = 3 drafts at 5 % of a step each, verification 1.1 steps: 3 / 1.25
+    assert predicted_speedup(3.0, 3, 0.05, 1.1) == pytest.approx(2.4)
+    # nothing accepted (E = 1) still pays for the drafts and the wider verify: a slowdown
+    assert predicted_speedup(1.0, 5, 0.1, 1.5) == pytest.approx(0.5)
+    # γ = 1, E = 1.8, c = 0.2, v = 1.0: 1.8 / 1.2
+    assert predicted_speedup(1.8, 1, 0.2, 1.0) == pytest.approx(1.5)
+
+
+def test_the_study_recipe_is_the_fixture_recipe_scaled_up():
+    assert STUDY.hidden_size * STUDY.num_layers > 10 * FULL.hidden_size * FULL.num_layers
+    assert STUDY.head_dim >= 64 and STUDY.num_layers >= 8  # EAGLE-3's three taps stay distinct
+    per_layer = (2 * STUDY.num_heads + 2 * STUDY.num_kv_heads) * STUDY.head_dim * STUDY.hidden_size \
+        + 3 * STUDY.hidden_size * STUDY.intermediate_size
+    embeddings = 2 * STUDY.vocab_size * STUDY.hidden_size
+    assert per_layer * STUDY.num_layers + embeddings >= 150e6
+
+
+def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
+    prompts = [[1, 5, 9, 14, 20], [1, 30, 31]]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    plain = Engine.load(FIXTURES / "target-merged", max_batch=4, max_seq_len=256)
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    engine = Engine.load(FIXTURES / "target-merged", FIXTURES / "draft-domain", gamma=3, max_batch=4, max_seq_len=256)
+    parts = measure_parts(engine.runner, [1, 3], [1, 4], context=64)
+    assert [p["batch"] for p in parts] == [1, 4]
+    for p in parts:
+        assert p["target_ms"] > 0 and p["draft_ms"] >= 0 and p["c"] == pytest.approx(p["draft_ms"] / p["target_ms"])
+        assert set(p["v"]) == {1, 3}
+        for g in (1, 3):
+            assert p["v"][g] == pytest.approx(p["verify_ms"][g] / p["target_ms"])
+            assert p["round_ms"][g] >= p["verify_ms"][g] * 0.5  # a round verifies, then drafts
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # its slots were free again
+
+
+@pytest.mark.timeout(900)
+def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_study.py"), "--tiny", "--device", "cpu",
+           "--work", str(work), "--out", str(out), "--budget-s", "800"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=880)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads((out / "study.json").read_text())
+    assert doc["status"] == {"grid": "complete", "schedule": "complete"}
+    m = doc["models"]
+    assert m["parameters"] > 0 and set(m["target"]) >= {"valid_rate", "field_accuracy"}
+    assert (work / "models" / "target-merged" / "model.safetensors").is_file()
+    assert doc["draft"]["acceptance"]["after"]["gamma"] == 3
+    assert [p["batch"] for p in doc["costs"]] == [1, 4]
+    points = {(r["temperature"], r["concurrency"], r["gamma"]) for r in doc["grid"]}
+    assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}
+    for r in doc["grid"]:
+        assert r["output_tokens_per_s"] > 0 and r["e2el_p99"] >= r["e2el_p50"] > 0
+        if r["gamma"] == 3:
+            assert r["predicted_speedup"] > 0 and r["speedup_ci95"][0] is not None  # two repeats: a CI
+    for name in ("results.json", "results.csv", "recommendation.json"):
+        assert (out / name).is_file()
+    assert "speedup [95% CI]" in run.stdout and "meas/pred" in run.stdout
+    # a second call finds every stage done and measures nothing again
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "training" not in again.stdout and "already measured" in again.stderr
