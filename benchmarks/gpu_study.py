@@ -18,8 +18,12 @@ with its 95 % CI, goodput under the 2 s SLO, and the speedup E/(γc + v) predict
 step costs) and writes ``study.json`` with the sweeps' ``results.json``/``results.csv``/``recommendation.json`` to
 ``$OUT`` (or ``--out``) after every call, finished or not.
 
-    python benchmarks/gpu_study.py                       # one CUDA GPU; resumable, each call within --budget-s
+    python benchmarks/gpu_study.py --work DIR            # one CUDA GPU; repeat the same command until it exits 0
     python benchmarks/gpu_study.py --tiny --device cpu   # every stage at a tiny size: a check of the script
+
+The exit code is 0 once every stage is complete, 3 while some remain. Where a machine is lent for a few minutes at a
+time, point ``--work`` at a folder that outlives one command. On an H200 the models stage alone takes minutes (a
+pretraining step about 65 ms, a LoRA step about 170 ms at batch 32) and cannot be split across calls.
 """
 
 from __future__ import annotations
@@ -83,12 +87,14 @@ def settings(args):
                                                   "train_examples", "lora_steps", "lora_batch")}
         recipe = replace(STUDY, **budgets, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                          eval_examples=8, max_new_tokens=24)
-        draft = dict(prompts=40, epochs=1.0, batch_size=8, lr=3e-3, vocab=256, max_new_tokens=24, eval_prompts=4)
+        draft = dict(prompts=40, epochs=1.0, batch_size=8, lr=3e-3, vocab=256, max_new_tokens=24, eval_prompts=4,
+                     max_batch=8)
         sweep = dict(gammas=[0, 3], concurrency=[1, 4], temperatures=[0.0, 0.7], num_prompts=6, max_tokens=16,
                      repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32")
     else:
         recipe = STUDY
-        draft = dict(prompts=6000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32)
+        draft = dict(prompts=4000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32,
+                     max_batch=64)
         sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=128,
                      max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16")
     for key in ("num_prompts", "max_tokens", "repeats"):
@@ -117,6 +123,9 @@ def stage_models(args, recipe) -> dict:
     summary.update(seconds=round(time.monotonic() - t0, 1), recipe=asdict(recipe), device=device_name(args.device))
     write_json(tmp / "models.json", summary)
     tmp.rename(args.work / "models")  # complete or absent
+    t = summary["target"]
+    log(f"models: done in {summary['seconds']:.0f} s; held-out schema-valid {t['valid_rate']:.3f}, "
+        f"field accuracy {t['field_accuracy']:.3f}")
     return summary
 
 
@@ -135,6 +144,7 @@ def stage_draft(args, recipe, d: dict) -> dict:
         target=args.work / "models" / "target-merged", out=out,
         source=pipeline.Source("synthetic", d["prompts"], exclude=heldout), draft_vocab_size=d["vocab"],
         online=True, device=args.device, max_new_tokens=d["max_new_tokens"], eval_prompts=d["eval_prompts"],
+        max_batch=d["max_batch"],
         train=TrainConfig(epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], ttt_steps=3, seed=args.seed + 2))
     t0 = time.monotonic()
     last = {}
@@ -148,6 +158,9 @@ def stage_draft(args, recipe, d: dict) -> dict:
     report = pipeline.run(job, show)
     report["seconds"] = round(time.monotonic() - t0, 1)
     (out / "train_report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    after = report["acceptance"]["after"] or {}
+    log(f"draft: done in {report['seconds']:.0f} s; held-out acceptance {after.get('acceptance_rate')}, "
+        f"mean acceptance length {after.get('mean_acceptance_length')}")
     return report
 
 
@@ -169,6 +182,9 @@ def stage_costs(args, s: dict) -> list[dict]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     path.write_text(json.dumps(parts, indent=2) + "\n")
+    for p in parts:
+        log(f"costs: batch {p['batch']}: plain step {p['target_ms']:.3f} ms, c {p['c']:.3f}, "
+            + ", ".join(f"v({g}) {v:.3f}" for g, v in p["v"].items()))
     return parts
 
 

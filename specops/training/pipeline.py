@@ -60,6 +60,7 @@ class Job:
     temperature: float = 0.0
     max_new_tokens: int = 256
     eval_prompts: int = 32
+    max_batch: int = 16  # requests the target answers at once while regenerating (more pays on a GPU)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -114,7 +115,7 @@ def run(job: Job, progress: Progress = lambda *a: None) -> dict:
     all_prompts, skipped = load_prompts(job, tokenizer)
     train_prompts, eval_prompts = prompt_sources.split(all_prompts, job.eval_prompts, job.train.seed)
     max_seq = min(target_cfg.max_position_embeddings, max(map(len, all_prompts)) + job.max_new_tokens + 1)
-    engine = Engine.load(job.target, lora=job.lora, device=job.device, max_seq_len=max_seq)
+    engine = Engine.load(job.target, lora=job.lora, device=job.device, max_seq_len=max_seq, max_batch=job.max_batch)
     model = engine.model
     init = draft_init.load_init(Path(job.init), model) if job.init else None
 
