@@ -1,12 +1,15 @@
 """Files every layer reads and writes: JSON, JSON Lines and safetensors, with one error for a bad file.
 
 Written files are stable (sorted keys, fixed metadata) so that rebuilding anything gives byte-identical files,
-and world-readable, since a saved model is shared data that servers running as other users load.
+world-readable, since a saved model is shared data that servers running as other users load, and whole: each is
+written beside its place and renamed over it, so a full disk or a kill mid-write leaves the previous version.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,9 +28,32 @@ def read_json(path: str | Path) -> Any:
         raise SpecopsError(f"{path}: not valid JSON ({e.msg})") from None
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a hidden sibling file, flushed to disk, then renamed over ``path``. On
+    failure the previous file is untouched and nothing is left beside it; a full disk is a SpecopsError."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in _FULL:
+            raise SpecopsError(f"cannot write {path}: {os.strerror(e.errno)} ({len(payload) / 1e6:.1f} MB); "
+                               "the previous version, if any, is unchanged") from None
+        raise
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Stable JSON on disk: sorted keys, UTF-8, two-space indent, trailing newline."""
-    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def read_jsonl(path: str | Path, on_bad: Literal["raise", "skip"] = "raise") -> tuple[list[tuple[int, dict]], int]:
@@ -63,9 +89,9 @@ def read_jsonl(path: str | Path, on_bad: Literal["raise", "skip"] = "raise") -> 
 
 def save_safetensors(tensors: dict, path: str | Path) -> None:
     """Write ``tensors`` with sorted keys and fixed metadata (no timestamps), readable by every user."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    save_file({k: tensors[k] for k in sorted(tensors)}, str(path), metadata={"format": "pt"})
+    write_atomic(path, save({k: tensors[k] for k in sorted(tensors)}, metadata={"format": "pt"}))
     Path(path).chmod(0o644)
 
 

@@ -8,6 +8,7 @@ requests; acceptance sums the repeats' counters.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Optional
 from specops.bench.latency import PERCENTILE_METHOD, SPEEDUP_CI_METHOD, distribution, ratio_ci, summarize, tpot_s
 from specops.bench.store import StoredConfig, gamma_order, speculative
 from specops.engine.stats import SpecStats
+from specops.files import write_atomic
 
 RATES = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment")
 DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
@@ -121,11 +123,12 @@ def export(out_dir: Path, fixed: dict, configs: list[StoredConfig], slo_s: dict[
         "configurations": rows,
         "runs": [run_row(c, slo_s) for c in configs],
     }
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(out_dir / "results.json", json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     flats = [flat({k: v for k, v in r.items() if k != "output_tokens_per_s_repeats"}) for r in rows]
     columns = list(dict.fromkeys(k for f in flats for k in f))
-    with (out_dir / "results.csv").open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(flats)
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=columns)
+    w.writeheader()
+    w.writerows(flats)
+    write_atomic(out_dir / "results.csv", table.getvalue())
     return doc

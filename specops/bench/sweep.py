@@ -25,6 +25,7 @@ from specops.bench.servers import preflight, serving, stop_stale
 from specops.bench.store import Point, RunStore, StoredConfig, speculative
 from specops.bench.table import print_recommendation, print_summary
 from specops.errors import SpecopsError
+from specops.files import write_atomic
 
 
 def load_prompts(cfg: SweepConfig) -> list[workload.Prompt]:
@@ -88,8 +89,7 @@ def run_sweep(cfg: SweepConfig, console: Optional[Console] = None, tables: Optio
         store.close()
         if doc is not None:
             rec = recommend(doc["configurations"], doc["fixed"].get("draft"))
-            (out / "recommendation.json").write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n",
-                                                     encoding="utf-8")
+            write_atomic(out / "recommendation.json", json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
     print_summary(doc["configurations"], cost=cfg.gpu_hourly_cost is not None, console=tables)
     print_recommendation(rec, console=tables)
     return out

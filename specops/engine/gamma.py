@@ -21,6 +21,9 @@ from typing import Any, Optional
 
 import torch
 
+from specops.errors import SpecopsError
+from specops.files import write_atomic
+
 
 @dataclass
 class StepCosts:
@@ -224,9 +227,7 @@ def load_or_measure(runner, gamma_max: int, batch_sizes: list[int], path: Option
     if path is not None:
         stored[key] = costs.to_dict()
         try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only model folder: measured again on the next start
+            write_atomic(path, json.dumps(stored, indent=2, sort_keys=True) + "\n")
+        except (OSError, SpecopsError):
+            pass  # a read-only model folder or a full disk: measured again on the next start
     return costs

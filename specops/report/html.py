@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specops.errors import SpecopsError
+from specops.files import write_atomic
 from specops.report.svg import PALETTE, Series, bar_chart, heatmap, line_chart
 
 CSS = """
@@ -228,7 +229,5 @@ def collect(run_dir: Path) -> dict:
 def write(run_dir: Path) -> Path:
     """Write ``run_dir/report.html``; returns its path."""
     out = Path(run_dir) / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(render(collect(run_dir)), encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, render(collect(run_dir)))
     return out

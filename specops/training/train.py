@@ -6,14 +6,15 @@ checkpoint of step ``s`` replays exactly what an uninterrupted run would have do
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from specops.files import write_atomic
 from specops.training import ttt
 from specops.training.data import Example, Features, forward_features
 from specops.training.schedule import adamw, cosine_lr, optimizer_step
@@ -84,9 +85,9 @@ def schedule(n: int, cfg: TrainConfig) -> tuple[int, Callable[[int], list[int]]]
 
 
 def save_checkpoint(path: Path, step: int, draft, opt, key: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"step": step, "key": key, "draft": draft.state_dict(), "opt": opt.state_dict()}, tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    torch.save({"step": step, "key": key, "draft": draft.state_dict(), "opt": opt.state_dict()}, buf)
+    write_atomic(path, buf.getvalue())
 
 
 def load_checkpoint(path: Path, draft, opt, key: str) -> int:
