@@ -236,3 +236,45 @@ def test_answers_from_a_run_directory(tmp_path):
         load(str(tmp_path))
     with pytest.raises(SpecopsError, match="no configuration matches"):
         load(f"{tmp_path}:gamma=5")
+
+
+JUDGE_CHILD = """
+import sys
+from specops.quality import judge
+pairs = [(str(i), f"query {i}", f'{{"answer": {i}}}', f'{{"answer": {i + 100}}}') for i in range(int(sys.argv[3]))]
+judge.judge(pairs, judge.HttpJudge(sys.argv[1], "m", judge.Cache(sys.argv[2]), concurrency=1), order="both")
+"""
+
+
+def test_a_sigkilled_judge_run_resumes_with_every_game_judged_once(tmp_path):
+    """A judge run killed with SIGKILL part way keeps what was judged; the rerun asks only the rest, once each."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    n, cache = 20, tmp_path / "judge.sqlite"
+    with FakeJudgeServer(lambda k: (time.sleep(0.03), "[[A]]")[1]) as srv:
+        child = subprocess.Popen([sys.executable, "-c", JUDGE_CHILD, srv.url, str(cache), str(n)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def judged() -> int:
+            try:
+                with sqlite3.connect(cache) as conn:
+                    return conn.execute("SELECT count(*) FROM judgments").fetchone()[0]
+            except sqlite3.OperationalError:
+                return 0  # not created yet
+
+        deadline = time.monotonic() + 120
+        while judged() < 10 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        kept = judged()
+        assert child.returncode == -signal.SIGKILL and 10 <= kept < 2 * n  # killed part way
+
+        rerun = judge.HttpJudge(srv.url, "m", judge.Cache(cache), concurrency=1)
+        result = judge.judge(_pairs(n), rerun, order="both")
+        assert rerun.requests == 2 * n - kept and judged() == 2 * n  # the rest, each asked once
+        fresh = judge.judge(_pairs(n), judge.HttpJudge(srv.url, "m", judge.Cache(tmp_path / "fresh.sqlite")), "both")
+    assert result == fresh and result["failed_games"] == 0
