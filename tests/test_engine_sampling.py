@@ -135,3 +135,12 @@ def test_seeded_output_does_not_depend_on_batch_composition(models):
     assert again.token_ids == alone.token_ids
     unseeded = [o.token_ids for o in eng.generate([PROMPT] * 6, SamplingParams(temperature=1.0, max_tokens=12))]
     assert len(set(map(tuple, unseeded))) > 1
+
+
+def test_a_top_k_beyond_any_vocabulary_is_no_limit(models):
+    """top_k of any size (clients send what the API allows, up to unbounded ints) keeps every token."""
+    hf, base, draft = models["bigram"]
+    eng = Engine(base.model, base.tokenizer, draft=draft, gamma=3, max_batch=2, max_seq_len=32, eos_token_ids=[])
+    plain = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=5)
+    huge = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=5, top_k=2**64)
+    assert eng.generate([PROMPT], huge)[0].token_ids == eng.generate([PROMPT], plain)[0].token_ids

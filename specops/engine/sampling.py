@@ -74,7 +74,8 @@ class SamplingState:
         dev = self.seed.device
         idx = torch.tensor(slots, dtype=torch.long, device=dev)
         self.temperature[idx] = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-        self.top_k[idx] = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
+        # A top_k beyond any vocabulary keeps every token, like no limit; capped so any int fits the int64 buffer.
+        self.top_k[idx] = torch.tensor([min(p.top_k, 1 << 31) for p in params], dtype=torch.long, device=dev)
         self.top_p[idx] = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
         self.seed[idx] = torch.tensor([p.stream_seed() for p in params], dtype=torch.long, device=dev)
         self.round[idx] = 0
