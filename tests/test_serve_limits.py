@@ -43,17 +43,18 @@ def wait_idle(url: str, deadline_s: float = 60.0) -> int:
 
 
 def aborted(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    for line in httpx.get(f"{url}/metrics", headers=auth()).text.splitlines():
         if line.startswith("specops_aborted_requests_total"):
             return float(line.split()[-1])
     raise AssertionError("no aborted-requests counter")
 
 
-def test_api_key_is_required_on_v1_only(server):
+def test_api_key_is_required_everywhere_but_health(server):
     url, _ = server
     for headers in ({}, auth("wrong")):
-        r = httpx.get(f"{url}/v1/models", headers=headers)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        for path in ("/v1/models", "/metrics"):
+            r = httpx.get(f"{url}{path}", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(f"{url}/v1/models", headers=auth()).status_code == 200

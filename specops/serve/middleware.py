@@ -9,16 +9,20 @@ import time
 from specops.serve.errors import error_body
 
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models"}
+OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
 
 
 class AuthMiddleware:
-    """With an API key set, /v1/* needs ``Authorization: Bearer KEY`` (health and metrics stay open, as in vLLM)."""
+    """With an API key set, every path but /health needs ``Authorization: Bearer KEY``: /metrics and the OpenAPI
+    schema too, and paths with no route, so a client without the key learns nothing of what the server holds.
+
+    The header is compared whole and in constant time, so how early a guess goes wrong cannot be timed."""
 
     def __init__(self, app, api_key: str | None):
-        self.app, self._expected = app, (f"Bearer {api_key}".encode() if api_key else None)
+        self.app, self._expected = app, (f"Bearer {api_key}".encode() if api_key is not None else None)
 
     async def __call__(self, scope, receive, send):
-        if self._expected is None or scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if self._expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if hmac.compare_digest(given, self._expected):
