@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 from typing import Optional
@@ -10,6 +11,8 @@ from typing import Optional
 from specops.errors import SpecopsError
 
 log = logging.getLogger("specops.serve")
+
+API_KEY = re.compile(r"[!-~]+")  # visible ASCII: a header carries it exactly as given (HTTP trims whitespace)
 
 
 def build_state(engine, *, model_name: str, max_seq_len: int, max_queue: int):
@@ -51,6 +54,9 @@ def run_server(
 
     if max_queue < 1:
         raise SpecopsError("--max-queue must be at least 1")
+    if api_key is not None and not API_KEY.fullmatch(api_key):
+        # Refused rather than served: no client could ever match such a key (and an empty one once meant no auth).
+        raise SpecopsError("--api-key must be visible ASCII characters, without spaces")
     engine = Engine.from_config(cfg)
     state = build_state(engine, model_name=served_model_name or str(cfg.model), max_seq_len=cfg.max_seq_len,
                         max_queue=max_queue)
