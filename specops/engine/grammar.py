@@ -55,8 +55,26 @@ def grammar_key(response_format: dict[str, Any]) -> str:
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise GrammarError("response_format.json_schema must be an object with a 'schema' object")
+        _check_refs(spec["schema"])
         return "json_schema:" + json.dumps(spec["schema"], ensure_ascii=False)
     raise GrammarError(f"unsupported response_format type {kind!r} (use 'json_schema' or 'json_object')")
+
+
+def _check_refs(schema: dict[str, Any]) -> None:
+    """Refuse a ``$ref`` outside the schema (a file, a URL, an anchor): nothing is ever fetched, and xgrammar reads
+    such a reference as "any value", so accepting it would quietly drop that part of the constraint. Every value
+    is searched, const and enum data included: telling schema from data by key name would let a property named
+    "enum" through."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
+                raise GrammarError("$ref must point inside the schema ('#' or '#/...'); files and URLs are not read")
+            stack.extend(node.values())
 
 
 class Grammars:
