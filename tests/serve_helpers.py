@@ -31,10 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], port: int, timeout_s: float = 120.0, env: dict | None = None) -> subprocess.Popen:
-    """``python -m specops.serve ARGS --port PORT`` in its own process group, returned once /health answers."""
+def start_server(args: list[str], port: int, timeout_s: float = 120.0, env: dict | None = None,
+                 host: str | None = "127.0.0.1") -> subprocess.Popen:
+    """``python -m specops.serve ARGS --host HOST --port PORT`` in its own process group, returned once /health
+    answers; ``host=None`` leaves the server's default bind address."""
+    bind = ["--host", host] if host is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specops.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "specops.serve", *args, *bind, "--port", str(port)],
         cwd=REPO, start_new_session=True, env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
