@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 
 class SpecopsError(Exception):
     """Bad input, a missing file, a model that does not fit: something the user can act on."""
+
+
+@contextlib.contextmanager
+def naming(source: str):
+    """Prefix a SpecopsError raised inside with ``source``: checks that parse a config know what is wrong with it,
+    the loader that calls them knows which file it came from."""
+    try:
+        yield
+    except SpecopsError as e:
+        raise SpecopsError(f"{source}: {e}") from None
 
 
 def clean_errors(fn=None, *, interrupted: str = "interrupted"):

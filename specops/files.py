@@ -95,10 +95,9 @@ def save_safetensors(tensors: dict, path: str | Path) -> None:
     Path(path).chmod(0o644)
 
 
-def load_safetensors_dir(model_dir: str | Path) -> dict:
-    """All tensors of a directory: ``model.safetensors``, a sharded index, or any ``*.safetensors`` files."""
-    from safetensors import safe_open
-
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The weight files of a directory: the shards a ``model.safetensors.index.json`` lists, else every
+    ``*.safetensors`` file."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -111,6 +110,58 @@ def load_safetensors_dir(model_dir: str | Path) -> dict:
         paths = sorted(model_dir.glob("*.safetensors"))
     if not paths:
         raise SpecopsError(f"{model_dir}: no *.safetensors weights found")
+    return paths
+
+
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, read from the file's header alone, so a loader can check a checkpoint against its
+    config before reading any weights. A file shorter than its header says (a copy or download cut off) or with
+    no header at all is refused here, naming the file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not 0 < n <= size - 8:
+            raise SpecopsError(f"{path}: truncated or not a safetensors file ({size} bytes, no complete header)")
+        try:
+            header = json.loads(f.read(n))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+            shapes = {k: tuple(int(d) for d in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise SpecopsError(f"{path}: truncated or not a safetensors file (its header is not safetensors JSON)") \
+                from None
+    needed = 8 + n + max(ends, default=0)
+    if size < needed:
+        raise SpecopsError(f"{path}: truncated ({size} bytes; its header describes {needed})")
+    return shapes
+
+
+def checkpoint_shapes(paths: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Every tensor of a checkpoint's files: its shape and the file that holds it (headers only)."""
+    return {k: (shape, p) for p in paths for k, shape in safetensors_shapes(p).items()}
+
+
+def check_shapes(found: dict[str, tuple[tuple[int, ...], Path]], expected: dict[str, tuple[int, ...]],
+                 layout: str) -> None:
+    """Refuse a checkpoint (``checkpoint_shapes``) whose tensor names or shapes are not ``expected``, the ones
+    ``layout`` (the config that implies them, as the user knows it) calls for; the error names the file."""
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    if missing or unexpected:
+        files = sorted({str(p) for _, p in found.values()})
+        where = files[0] if len(files) == 1 else f"{Path(files[0]).parent}/*.safetensors" if files else "the weights"
+        parts = [f"{label} {len(names)} tensor(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                 for label, names in (("missing", missing), ("unexpected", unexpected)) if names]
+        raise SpecopsError(f"{where} does not match {layout}: {'; '.join(parts)}")
+    for k, (shape, p) in sorted(found.items()):
+        if shape != tuple(expected[k]):
+            raise SpecopsError(f"{p}: {k} has shape {shape}, expected {tuple(expected[k])} from {layout}")
+
+
+def load_safetensors(paths: list[Path]) -> dict:
+    """All tensors of ``paths`` (checked with ``safetensors_shapes`` first, so only rarer damage surfaces here)."""
+    from safetensors import safe_open
+
     tensors = {}
     for p in paths:
         try:

@@ -115,7 +115,7 @@ def test_unusable_model_dirs_are_clear_errors(lora_setup, tmp_path):
 def test_tokenizer_larger_than_model_vocab_is_refused(tmp_path):
     make_target(tmp_path, seed=0, vocab_size=64)
     save_char_tokenizer(tmp_path, chars="".join(chr(c) for c in range(0x4E00, 0x4E00 + 80)))  # 83 tokens
-    with pytest.raises(SpecopsError, match="tokenizer has 83 tokens"):
+    with pytest.raises(SpecopsError, match="tokenizer.json has 83 tokens"):
         Engine.load(tmp_path)
 
 

@@ -19,8 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from specops.errors import SpecopsError
-from specops.files import load_safetensors_dir, read_json, save_safetensors
+from specops.errors import SpecopsError, naming
+from specops.files import (
+    check_shapes,
+    checkpoint_shapes,
+    load_safetensors,
+    read_json,
+    safetensors_files,
+    save_safetensors,
+)
 from specops.models import ops
 from specops.models.kv_cache import KVCache
 from specops.models.llama import MLP, Attention, LlamaConfig, RMSNorm, Rotary
@@ -72,11 +79,11 @@ class Eagle3Draft(nn.Module):
         self.draft_vocab_size = int(config.get("draft_vocab_size") or cfg.vocab_size)
         target_hidden = int(config.get("target_hidden_size") or cfg.hidden_size)
         if target_hidden != target_config.hidden_size:
-            raise SpecopsError(
-                f"draft expects target hidden size {target_hidden}, the target has {target_config.hidden_size}"
-            )
+            raise SpecopsError(f"draft trained for a target hidden size of {target_hidden}, this target has "
+                               f"{target_config.hidden_size}")
         if cfg.vocab_size != target_config.vocab_size:
-            raise SpecopsError(f"draft vocab_size {cfg.vocab_size} != target vocab_size {target_config.vocab_size}")
+            raise SpecopsError(f"draft trained for a target vocab_size of {cfg.vocab_size}, this target has "
+                               f"{target_config.vocab_size}")
         if self.draft_vocab_size > cfg.vocab_size:
             raise SpecopsError(f"draft_vocab_size {self.draft_vocab_size} exceeds the vocabulary {cfg.vocab_size}")
         self.tap_layers = tap_layer_ids(config, target_config)
@@ -148,42 +155,51 @@ class Eagle3Draft(nn.Module):
     def load(cls, draft_dir: str | Path, target, max_len: int = 4096) -> "Eagle3Draft":
         """Read a draft directory (ours or a published EAGLE-3 checkpoint) for ``target`` (a LlamaForCausalLM)."""
         draft_dir = Path(draft_dir)
-        if not (draft_dir / "config.json").is_file():
+        config_path = draft_dir / "config.json"
+        if not config_path.is_file():
             raise SpecopsError(f"draft directory has no config.json: {draft_dir}")
-        config = read_json(draft_dir / "config.json")
+        config = read_json(config_path)
         archs = config.get("architectures") or []
         if not any("Eagle3" in a for a in archs):
             raise SpecopsError(f"{draft_dir}: not an EAGLE-3 draft (architectures {archs})")
         if int(config.get("num_hidden_layers", 1)) != 1:
             raise SpecopsError(f"{draft_dir}: EAGLE-3 drafts with {config['num_hidden_layers']} layers are not supported")
-        if (draft_dir / "pytorch_model.bin").is_file() and not list(draft_dir.glob("*.safetensors")):
-            state = torch.load(draft_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        with naming(str(config_path)):
+            draft = cls(config, target.config, max_len)
+        bin_path, state = draft_dir / "pytorch_model.bin", None
+        if bin_path.is_file() and not list(draft_dir.glob("*.safetensors")):
+            try:
+                state = torch.load(bin_path, map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001 - torch raises several types for a damaged file
+                raise SpecopsError(f"{bin_path}: truncated or not a PyTorch checkpoint ({e})") from None
+            found = {k: (tuple(v.shape), bin_path) for k, v in state.items()}
         else:
-            state = load_safetensors_dir(draft_dir)
-        draft = cls(config, target.config, max_len)
+            files = safetensors_files(draft_dir)
+            found = checkpoint_shapes(files)
+        fc_shape, fc_file = found.get("fc.weight", ((), None))
+        if len(fc_shape) == 2 and fc_shape[1] != 3 * target.config.hidden_size:
+            raise SpecopsError(f"{fc_file}: draft trained for a target hidden size of {fc_shape[1] // 3} (fc.weight is "
+                               f"{fc_shape}), this target has {target.config.hidden_size}")
+        params = draft.state_dict()
+        expected = {k: tuple(v.shape) for k, v in params.items()}
+        if "embed_tokens.weight" in found:
+            expected["embed_tokens.weight"] = (draft.cfg.vocab_size, draft.cfg.hidden_size)
+        check_shapes(found, expected, f"{config_path} and this target")
+        if state is None:
+            state = load_safetensors(files)
         own_embed = state.pop("embed_tokens.weight", None)
-        expected = draft.state_dict()
-        missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
-        if missing or unexpected:
-            raise SpecopsError(
-                f"{draft_dir}: tensors do not match the EAGLE-3 layout (missing {sorted(missing)[:4]}, "
-                f"unexpected {sorted(unexpected)[:4]})"
-            )
-        for k, v in state.items():
-            if v.shape != expected[k].shape:
-                raise SpecopsError(
-                    f"{draft_dir}: {k} has shape {tuple(v.shape)}, the draft config and target imply "
-                    f"{tuple(expected[k].shape)}"
-                )
-        draft.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+        draft.load_state_dict({k: v.to(params[k].dtype) for k, v in state.items()})
         if own_embed is not None:
-            if tuple(own_embed.shape) != (draft.cfg.vocab_size, draft.cfg.hidden_size):
-                raise SpecopsError(f"{draft_dir}: embed_tokens.weight has shape {tuple(own_embed.shape)}")
             draft.embed_tokens = nn.Embedding(*own_embed.shape, _weight=own_embed.clone())
         mapped = torch.arange(draft.draft_vocab_size) + draft.d2t
-        if int(mapped.min()) < 0 or int(mapped.max()) >= draft.cfg.vocab_size:
-            raise SpecopsError(f"{draft_dir}: d2t maps draft ids outside the target vocabulary")
-        return draft.attach(target)
+        lo, hi, vocab = int(mapped.min()), int(mapped.max()), draft.cfg.vocab_size
+        if lo < 0 or hi >= vocab:
+            raise SpecopsError(f"{found['d2t'][1]}: d2t maps draft ids to target ids {lo}..{hi}, outside this "
+                               f"target's vocabulary of {vocab}")
+        if mapped.unique().numel() != mapped.numel():
+            raise SpecopsError(f"{found['d2t'][1]}: d2t maps several draft ids to the same target id")
+        with naming(str(config_path)):
+            return draft.attach(target)
 
     def attach(self, target) -> "Eagle3Draft":
         """Share the target's embedding when the draft has none; match its device and dtype."""

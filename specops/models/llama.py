@@ -34,6 +34,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM",
 }
 SUPPORTED_ROPE = {"default", "linear", "llama3"}
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        missing = [k for k in REQUIRED_FIELDS if not isinstance(d.get(k), int) or d[k] < 1]
+        if missing:
+            raise SpecopsError(f"{', '.join(missing)} missing or not a positive integer")
         archs = d.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

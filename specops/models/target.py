@@ -8,8 +8,15 @@ from pathlib import Path
 
 import torch
 
-from specops.errors import SpecopsError
-from specops.files import load_safetensors_dir, read_json, save_safetensors
+from specops.errors import SpecopsError, naming
+from specops.files import (
+    check_shapes,
+    checkpoint_shapes,
+    load_safetensors,
+    read_json,
+    safetensors_files,
+    save_safetensors,
+)
 from specops.models.llama import LlamaConfig, LlamaForCausalLM
 from specops.models.lora import apply_lora, read_lora
 
@@ -27,30 +34,27 @@ def load_target(
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise SpecopsError(f"model directory not found: {model_dir}")
-    if not (model_dir / "config.json").is_file():
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
         raise SpecopsError(f"{model_dir}: no config.json")
-    raw = read_json(model_dir / "config.json")
-    cfg = LlamaConfig.from_dict(raw)
-    state = load_safetensors_dir(model_dir)
+    raw = read_json(config_path)
+    with naming(str(config_path)):
+        cfg = LlamaConfig.from_dict(raw)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_len)
     model.rotary = type(model.rotary)(cfg, max_len)  # real buffers, not meta
-    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    if missing or unexpected:
-        raise SpecopsError(
-            f"{model_dir}: weights do not match a {cfg.architecture} of this config "
-            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
-        )
-    for k, v in state.items():
-        shape = model.get_parameter(k).shape
-        if v.shape != shape:
-            raise SpecopsError(f"{model_dir}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(shape)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    tied = cfg.tie_word_embeddings
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    files = safetensors_files(model_dir)
+    found = {k: v for k, v in checkpoint_shapes(files).items()
+             if not k.endswith("rotary_emb.inv_freq") and not (tied and k == "lm_head.weight")}
+    contradiction = _contradicted_field(cfg, found)
+    if contradiction:
+        raise SpecopsError(f"{config_path} says {contradiction}")
+    check_shapes(found, expected, str(config_path))
+    state = load_safetensors(files)
+    model.load_state_dict({k: state[k].to(dtype) for k in found}, strict=False, assign=True)
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     if lora is not None:
         # Merged in float64, rounded once to the compute dtype: the weights a merged checkpoint would carry.
@@ -58,20 +62,41 @@ def load_target(
     return model.to(device).eval(), raw
 
 
+def _contradicted_field(cfg: LlamaConfig, found: dict) -> str | None:
+    """The config.json size that the weights contradict, read off the tensors every checkpoint of the family has,
+    so that the error says which number is wrong rather than which tensor it first breaks."""
+    shape, path = found.get("model.embed_tokens.weight", ((), None))
+    if len(shape) == 2:
+        sizes = (("vocab_size", cfg.vocab_size, shape[0]), ("hidden_size", cfg.hidden_size, shape[-1]))
+        for name, value, actual in sizes:
+            if value != actual:
+                return f"{name} {value}, but {path} holds {actual} (model.embed_tokens.weight is {shape})"
+    layers = {int(k.split(".")[2]): p for k, (_, p) in found.items()
+              if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if layers and max(layers) + 1 != cfg.num_hidden_layers:
+        return f"num_hidden_layers {cfg.num_hidden_layers}, but {layers[max(layers)]} holds {max(layers) + 1} layers"
+    return None
+
+
 def load_tokenizer(model_dir: str | Path, vocab_size: int):
-    """The model's HF tokenizer, refused if it can emit ids the model has no row for."""
+    """The model's HF tokenizer, refused if it can emit an id the model has no embedding row for."""
     from transformers import AutoTokenizer
 
+    model_dir = Path(model_dir)
     try:
         tok = AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError) as e:
         raise SpecopsError(f"{model_dir}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
-    if len(tok) > vocab_size:
-        raise SpecopsError(f"tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab_size}")
-    special = {k: v for k, v in zip(tok.all_special_tokens, tok.all_special_ids)}
-    bad = {k: v for k, v in special.items() if v is None or not 0 <= v < vocab_size}
-    if bad:
-        raise SpecopsError(f"special token ids out of the model's vocabulary ({vocab_size}): {bad}")
+    source = model_dir / "tokenizer.json"
+    source = source if source.is_file() else f"the tokenizer in {model_dir}"
+    limit = f"the model's vocabulary of {vocab_size} (vocab_size in config.json)"
+    special = {t: i for t, i in zip(tok.all_special_tokens, tok.all_special_ids)
+               if i is None or not 0 <= i < vocab_size}
+    if special:
+        raise SpecopsError(f"{source}: special token ids outside {limit}: {special}")
+    top = max(tok.get_vocab().values(), default=-1)
+    if top >= vocab_size:
+        raise SpecopsError(f"{source} has {len(tok)} tokens with ids up to {top}, beyond {limit}")
     return tok
 
 
@@ -95,7 +120,7 @@ def save_merged(model_dir: Path, lora_dir: Path, out_dir: Path) -> Path:
     holds the weights the embedded engine computes with in merged mode.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    names = set(load_safetensors_dir(model_dir))
+    names = set(checkpoint_shapes(safetensors_files(model_dir)))
     model, _ = load_target(model_dir, lora=lora_dir, lora_mode="merged", dtype=torch.float32)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k in names}
     out_dir.mkdir(parents=True, exist_ok=True)
