@@ -9,15 +9,15 @@ prove that merging changed nothing.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from specops.errors import SpecopsError
-from specops.files import read_json
+from specops.files import checkpoint_shapes, load_safetensors, read_json
 
 MODES = ("merged", "unmerged")
 
@@ -42,10 +42,12 @@ class LoRAUpdate:
     a: torch.Tensor  # [r, in]
     b: torch.Tensor  # [out, r]
     scale: float
+    file: Path  # the adapter file it came from, for errors about the fit to a base model
 
 
 def read_lora(adapter_dir: Path) -> list[LoRAUpdate]:
-    """Parse a peft ``save_pretrained`` directory into one update per adapted linear layer."""
+    """Parse a peft ``save_pretrained`` directory into one update per adapted linear layer; tensors that
+    contradict adapter_config.json (rank, target modules) are refused before any is read."""
     adapter_dir = Path(adapter_dir)
     cfg_path = adapter_dir / "adapter_config.json"
     if not cfg_path.is_file():
@@ -59,34 +61,48 @@ def read_lora(adapter_dir: Path) -> list[LoRAUpdate]:
         raise SpecopsError(f"{adapter_dir}: adapters with modules_to_save are not supported (merge them first)")
     if cfg.get("fan_in_fan_out"):
         raise SpecopsError(f"{adapter_dir}: fan_in_fan_out adapters are not supported")
-    files = list(adapter_dir.glob("adapter_model*.safetensors"))
+    files = sorted(adapter_dir.glob("adapter_model*.safetensors"))
     if not files:
         raise SpecopsError(f"{adapter_dir}: no adapter_model.safetensors")
-    tensors = {}
-    for p in files:
-        with safe_open(str(p), framework="pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
+    found = checkpoint_shapes(files)
     r_default, alpha_default = int(cfg.get("r", 8)), float(cfg.get("lora_alpha", 8))
     rank_pattern, alpha_pattern = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
-    updates = []
-    for name, a in sorted(tensors.items()):
+    targets = cfg.get("target_modules")
+    planned = []
+    for name, (a_shape, path) in sorted(found.items()):
         if not name.endswith(".lora_A.weight"):
             if "lora_embedding" in name or "lora_magnitude" in name:
-                raise SpecopsError(f"{adapter_dir}: unsupported adapter tensor {name}")
+                raise SpecopsError(f"{path}: unsupported adapter tensor {name}")
             continue
         module = name[: -len(".lora_A.weight")].removeprefix("base_model.model.")
-        b = tensors.get(name.replace(".lora_A.", ".lora_B."))
-        if b is None:
-            raise SpecopsError(f"{adapter_dir}: {name} has no matching lora_B")
+        b_name = name.replace(".lora_A.", ".lora_B.")
+        if b_name not in found:
+            raise SpecopsError(f"{path}: {name} has no matching lora_B")
+        b_shape = found[b_name][0]
         key = next((k for k in rank_pattern if module.endswith(k)), None)
         r = int(rank_pattern[key]) if key else r_default
+        if len(a_shape) != 2 or len(b_shape) != 2 or not a_shape[0] == b_shape[1] == r:
+            raise SpecopsError(f"{path}: {module} has lora_A {a_shape} and lora_B {b_shape}, but {cfg_path} "
+                               f"gives it rank {r} (A [{r}, in], B [out, {r}])")
+        if not _targeted(module, targets):
+            raise SpecopsError(f"{path} adapts {module}, which target_modules {targets} in {cfg_path} does not name")
         key = next((k for k in alpha_pattern if module.endswith(k)), None)
         alpha = float(alpha_pattern[key]) if key else alpha_default
         scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
-        updates.append(LoRAUpdate(module, a, b, scale))
-    if not updates:
+        planned.append((module, name, b_name, scale, path))
+    if not planned:
         raise SpecopsError(f"{adapter_dir}: adapter holds no LoRA weights")
-    return updates
+    tensors = load_safetensors(files)
+    return [LoRAUpdate(module, tensors[a], tensors[b], scale, path) for module, a, b, scale, path in planned]
+
+
+def _targeted(module: str, targets) -> bool:
+    """Whether peft's ``target_modules`` (a list of name suffixes, a regex, or "all-linear") selects ``module``."""
+    if targets is None or targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(module == t or module.endswith("." + t) for t in targets)
 
 
 def apply_lora(model: nn.Module, updates: list[LoRAUpdate], mode: str, dtype: torch.dtype) -> None:
@@ -96,12 +112,13 @@ def apply_lora(model: nn.Module, updates: list[LoRAUpdate], mode: str, dtype: to
     for u in updates:
         base = modules.get(u.module)
         if not isinstance(base, nn.Linear):
-            raise SpecopsError(f"LoRA targets {u.module}, which is not a linear layer of this model")
+            raise SpecopsError(f"{u.file} adapts {u.module}, which is not a linear layer of this base model "
+                               "(an adapter for another base?)")
         out_f, in_f = base.weight.shape
-        if u.a.shape[1] != in_f or u.b.shape[0] != out_f or u.a.shape[0] != u.b.shape[1]:
+        if u.a.shape[1] != in_f or u.b.shape[0] != out_f:
             raise SpecopsError(
-                f"LoRA shapes for {u.module} (A {tuple(u.a.shape)}, B {tuple(u.b.shape)}) do not fit its weight "
-                f"{tuple(base.weight.shape)}"
+                f"{u.file}: lora_A {tuple(u.a.shape)} and lora_B {tuple(u.b.shape)} of {u.module} do not fit its "
+                f"weight {tuple(base.weight.shape)} in this base model (an adapter for another base?)"
             )
         if mode == "merged":
             with torch.no_grad():
