@@ -8,7 +8,11 @@ keeps speculative decoding lossless with respect to the constrained distribution
 proposals with them only raises acceptance. Emitted tokens are then ``commit``ted.
 
 Compilation follows vLLM's xgrammar backend (``any_whitespace=True``, strict mode; ``json_object`` is
-xgrammar's built-in JSON grammar), so both servers constrain a request to the same language.
+xgrammar's built-in JSON grammar), so both servers constrain a request to the same language, with one repair:
+xgrammar 0.2.9 spells a string with ``minLength`` / ``maxLength`` as a bounded repetition of a character class that
+admits raw U+0000–U+001F (except CR/LF), which strict JSON parsers reject, and no escapes at all (mlc-ai/xgrammar
+#800). That class is replaced by one JSON-encoded character (one code point, as jsonschema counts length), so such
+strings are strict JSON and may hold escapes; vLLM's backend keeps xgrammar's, and differs from ours only there.
 
 Forced tokens (schema-aware drafting). Under ``any_whitespace`` almost nothing is forced to the letter (a space
 may follow every brace and comma), yet a model trained on canonical JSON writes the same separators every time.
@@ -22,6 +26,7 @@ Once an emitted token leaves the canonical language the request drafts without f
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -34,6 +39,19 @@ import xgrammar as xg
 from specops.errors import SpecopsError
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
+
+# One character of a length-bounded string in xgrammar's grammar, as its printer writes it: a class in a rule
+# repeated {minLength, maxLength} times, or inlined for short bounds. A backslash inside an EBNF string literal is
+# always doubled and a JSON literal cannot hold a raw quote, so this text appears nowhere else.
+_BOUNDED_CHAR = r'[^\"\\\r\n]'
+_HEX = "[0-9A-Fa-f]"
+_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.)")
+# One character of the decoded string, as jsonschema counts them (code points): an unescaped one, a short escape,
+# a \uXXXX outside the surrogates, or a surrogate pair. A lone surrogate is no character and is left out, raw
+# too (xgrammar takes its 3-byte encoding, which is not UTF-8: decoded, it becomes three U+FFFD).
+_JSON_CHAR = (r'(([^"\\\0-\x1f\uD800-\uDFFF]) | ("\\" [\"\\/bfnrt]) | ("\\u" [0-9A-Ca-cE-Fe-f] {h} {h} {h})'
+              r' | ("\\u" [Dd] [0-7] {h} {h}) | ("\\u" [Dd] [89ABab] {h} {h} "\\u" [Dd] [C-Fc-f] {h} {h}))'
+              ).format(h=_HEX)
 
 
 class GrammarError(SpecopsError):
@@ -101,8 +119,8 @@ class Grammars:
                 compiled = self._compiler.compile_builtin_json_grammar(), None
             else:
                 schema = key.split(":", 1)[1]
-                compiled = (self._compiler.compile_json_schema(schema, any_whitespace=True),
-                            self._compiler.compile_json_schema(schema, any_whitespace=False))
+                compiled = (self._compiler.compile_grammar(schema_grammar(schema, any_whitespace=True)),
+                            self._compiler.compile_grammar(schema_grammar(schema, any_whitespace=False)))
         except RuntimeError as e:
             raise GrammarError(f"invalid JSON schema: {_short(e)}") from None
         with self._lock:
@@ -115,6 +133,18 @@ class Grammars:
         """A fresh per-request constraint; ``stop_token_ids`` end the output once the grammar is complete."""
         grammar, canonical = self.compile(response_format)
         return Constraint(grammar, self.vocab_size, stop_token_ids, canonical, self._encode)
+
+
+def schema_grammar(schema: str, any_whitespace: bool) -> xg.Grammar:
+    """xgrammar's grammar for a JSON schema (strict mode), its length-bounded strings made strict JSON."""
+    grammar = xg.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
+    text = str(grammar)
+    repaired = text.replace(_BOUNDED_CHAR, _JSON_CHAR)
+    if repaired == text:
+        return grammar
+    # The printer writes U+0080–U+00FF as \xNN, but the parser reads \x greedily ("\xe9a" is U+0E9A): \u00NN
+    # reads back as written. Escapes are matched from their backslash, so an escaped backslash is skipped whole.
+    return xg.Grammar.from_ebnf(_ESCAPE.sub(lambda m: "\\u00" + m[1][1:] if len(m[1]) == 3 else m[0], repaired))
 
 
 def _short(e: Exception) -> str:
