@@ -4,7 +4,7 @@ xgrammar 0.2.9 lowers a string with ``minLength`` / ``maxLength`` (the commerce 
 to a character class that admits U+0000–U+001F except CR/LF and no escapes at all; Python's ``json.loads`` rejects
 such output. The repair must also count length as jsonschema does (code points) and leave every other literal of
 the schema as it was. The masks are checked directly on the fixture's byte-level tokenizer (it has a token for
-every byte).
+every byte), then the real engine is sampled hot on generated schemas: every finished answer must parse and validate.
 """
 
 from __future__ import annotations
@@ -14,10 +14,19 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 import xgrammar as xg
+from hypothesis import Phase, example, given, settings
+from hypothesis import strategies as st
 
 from specops.engine.engine import Engine
 from specops.engine.grammar import Grammars
+from specops.engine.sampling import SamplingParams
+from specops.inputs import query_prompt_ids
+from specops.task.schema import SCHEMA
+
+# A model this small runs ~20x faster on one thread than on two that other processes share.
+torch.set_num_threads(1)
 
 TARGET = Path(__file__).resolve().parents[1] / "fixtures" / "commerce-tiny" / "target-merged"
 CONTROL = [chr(c) for c in range(0x20)]
@@ -125,3 +134,64 @@ def test_the_repair_keeps_every_other_literal_of_the_schema(engine, grammars):
     for value in values:
         assert accepts(grammars, engine, response_format, json.dumps({"s": "ab", "e": value}, ensure_ascii=False))
     assert not accepts(grammars, engine, response_format, json.dumps({"s": "ab", "e": "-é -ບ"}, ensure_ascii=False))
+
+
+# -- the engine, sampled hot: finished answers parse strictly and validate ------------------------------------------
+
+QUERIES = ["wireless earbuds under 80 dollars", "紅色 羽絨外套 size M", "gift for a 5 year old, not plastic",
+           "compare\tiphone 15 and pixel 8\n"]
+
+
+def string_schema() -> st.SearchStrategy[dict]:
+    low = st.integers(0, 4)
+    return st.one_of(
+        st.just({"type": "string"}),
+        low.map(lambda n: {"type": "string", "minLength": n}),
+        st.tuples(low, st.integers(0, 30)).map(lambda t: {"type": "string", "minLength": t[0],
+                                                          "maxLength": t[0] + t[1]}),
+    )
+
+
+def property_schema() -> st.SearchStrategy[dict]:
+    return st.one_of(
+        string_schema(),
+        st.just({"type": "integer"}),
+        st.just({"type": "number"}),
+        st.just({"type": "boolean"}),
+        st.lists(st.text("abcxyz -\n\"é", min_size=1, max_size=6), min_size=1, max_size=4,
+                 unique=True).map(lambda vs: {"enum": vs}),
+        string_schema().map(lambda items: {"type": "array", "items": items}),
+    )
+
+
+@st.composite
+def schemas(draw) -> dict:
+    names = draw(st.lists(st.sampled_from(["name", "brand", "note", "count", "price", "ok", "tags", "kind"]),
+                          min_size=1, max_size=4, unique=True))
+    props = {n: draw(property_schema()) for n in names}
+    required = [n for n in names if draw(st.booleans())]
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+def check_answers(engine, response_format: dict, schema: dict | None, seed: int, temperature: float) -> None:
+    prompts = [query_prompt_ids(engine.tokenizer, q) for q in QUERIES]
+    params = [SamplingParams(temperature=temperature, max_tokens=200, seed=seed * 10 + i) for i in range(len(QUERIES))]
+    for out in engine.generate(prompts, params, response_format=response_format):
+        if out.finish_reason != "stop":
+            continue  # cut by max_tokens: an unfinished answer is allowed to be invalid
+        answer = json.loads(out.text)  # strict: raw control characters in strings are errors
+        if schema is not None:
+            jsonschema.validate(answer, schema)
+
+
+# No shrinking: each example is a few hundred sampled tokens, and a failing one is already small enough to read.
+@settings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(schema=schemas(), seed=st.integers(0, 2**16), temperature=st.sampled_from([1.0, 2.0, 3.0]))
+@example(schema=SCHEMA, seed=1, temperature=2.0)  # the task's schema: its keywords, brands, sizes are bounded
+def test_sampled_json_schema_answers_parse_strictly_and_validate(engine, schema, seed, temperature):
+    check_answers(engine, fmt(schema), schema, seed, temperature)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sampled_json_object_answers_parse_strictly(engine, seed):
+    check_answers(engine, {"type": "json_object"}, None, seed, 1.5)
