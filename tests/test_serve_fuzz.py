@@ -6,6 +6,7 @@ the generated requests finish in seconds on a CPU; every other field is as gener
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -78,6 +79,7 @@ def test_generated_requests_never_break_the_server():
                     one()
                 except Unsatisfiable:  # nothing invalid to send (a GET without parameters): only valid requests
                     assert mode == GenerationMode.NEGATIVE
+        print(f"{len(seen)} requests; statuses {sorted(Counter(s for _, s in seen).items())}")
         assert not bad, "\n".join(bad[:20])
         assert len(seen) >= 500, len(seen)
         assert {p for p, _ in seen} >= {"/v1/completions", "/v1/chat/completions"}

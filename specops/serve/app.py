@@ -15,7 +15,7 @@ from specops.errors import SpecopsError
 from specops.inputs import chat_prompt_ids, text_prompt_ids
 from specops.serve import errors, responses
 from specops.serve.errors import APIError, error_body
-from specops.serve.generation import Generation
+from specops.serve.generation import Generation, check_room
 from specops.serve.middleware import AuthMiddleware, MetricsMiddleware
 from specops.serve.prometheus import ServerMetrics
 from specops.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -179,11 +179,13 @@ def create_app(state: ServerState, api_key: Optional[str] = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request, req: CompletionRequest):
         _check_model(state, req)
+        check_room(state, len(req.prompts()) * req.n)
         return await _run(request, state, req, _completion_prompts(state, req), req.max_tokens, "completions")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, req: ChatCompletionRequest):
         _check_model(state, req)
+        check_room(state, req.n)
         return await _run(request, state, req, _chat_prompt(state, req), req.token_limit, "chat")
 
     return app

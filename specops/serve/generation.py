@@ -43,6 +43,15 @@ class Delta:
     finish_reason: Optional[str]  # set on the choice's last delta
 
 
+def check_room(state, needed: int) -> None:
+    """429 with Retry-After when ``needed`` more engine requests would overfill the queue. Handlers call it first,
+    before any tokenizing, so a burst's excess is turned away cheaply; ``Generation.start`` calls it again right
+    before queuing, where it is exact. A request that could never fit is ``start``'s 400, not a 429."""
+    if needed <= state.max_queue and state.runner.outstanding + needed > state.max_queue:
+        raise APIError(429, f"server queue is full ({state.max_queue} requests); retry later",
+                       code="queue_full", headers={"Retry-After": "1"})
+
+
 @dataclass
 class Generation:
     """The engine requests behind one HTTP request."""
@@ -110,9 +119,7 @@ class Generation:
         except SpecopsError as e:
             raise APIError(400, str(e)) from None
         # No await from this check to the last submit: concurrent requests cannot overfill the queue.
-        if state.runner.outstanding + needed > state.max_queue:
-            raise APIError(429, f"server queue is full ({state.max_queue} requests); retry later",
-                           code="queue_full", headers={"Retry-After": "1"})
+        check_room(state, needed)
         try:
             for p_idx, prompt in enumerate(self.prompts):
                 for j in range(n):
