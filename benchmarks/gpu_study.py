@@ -23,7 +23,8 @@ step costs) and writes ``study.json`` with the sweeps' ``results.json``/``result
 
 The exit code is 0 once every stage is complete, 3 while some remain. Where a machine is lent for a few minutes at a
 time, point ``--work`` at a folder that outlives one command. On an H200 the models stage alone takes minutes (a
-pretraining step about 65 ms, a LoRA step about 170 ms at batch 32) and cannot be split across calls.
+pretraining step about 65 ms, a LoRA step about 170 ms at batch 32); a call that ends in its LoRA stage keeps the
+finished base, and the next one goes on from it.
 """
 
 from __future__ import annotations
@@ -113,11 +114,13 @@ def stage_models(args, recipe) -> dict:
     done = args.work / "models" / "models.json"
     if done.is_file():
         return json.loads(done.read_text())
-    log("models: training base, LoRA and merge")
+    tmp = args.work / ".models.partial"  # a base finished by an earlier call is kept (build_models resumes there)
+    log("models: " + ("LoRA and merge on the base trained before" if (tmp / "base").is_dir()
+                      else "training base, LoRA and merge"))
     setup_determinism(args.seed, args.device)
-    tmp = args.work / ".models.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    for name in ("lora", "target-merged"):
+        shutil.rmtree(tmp / name, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     summary = build_models(tmp, recipe, args.seed, progress_printer(), args.device)
     summary.update(seconds=round(time.monotonic() - t0, 1), recipe=asdict(recipe), device=device_name(args.device))

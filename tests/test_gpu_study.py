@@ -83,3 +83,29 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "training" not in again.stdout and "already measured" in again.stderr
+
+
+def test_a_build_stopped_in_its_lora_stage_goes_on_from_its_base(tmp_path):
+    """The models stage may outlast a time-limited call: the finished base is kept and not trained again."""
+    from dataclasses import replace
+
+    from specops.fixtures.recipe import QUICK, build_models
+
+    recipe = replace(STUDY, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
+                     **{k: getattr(QUICK, k) for k in ("corpus_docs", "tokenizer_docs", "pretrain_steps",
+                                                       "pretrain_batch", "train_examples", "lora_steps",
+                                                       "lora_batch", "eval_examples", "max_new_tokens")})
+
+    def stop_in_lora(stage, step, total, loss):
+        if stage == "lora":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_models(tmp_path, recipe, 0, stop_in_lora)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # whole, and nothing half-written beside it
+    base = (tmp_path / "base" / "model.safetensors").read_bytes()
+    stages = []
+    summary = build_models(tmp_path, recipe, 0, lambda stage, *_: stages.append(stage))
+    assert "pretrain" not in stages and "lora" in stages
+    assert (tmp_path / "base" / "model.safetensors").read_bytes() == base
+    assert (tmp_path / "target-merged" / "model.safetensors").is_file() and summary["parameters"] > 0
