@@ -21,7 +21,7 @@ step costs) and writes ``study.json`` with the sweeps' ``results.json``/``result
     python benchmarks/gpu_study.py --work DIR            # one CUDA GPU; repeat the same command until it exits 0
     python benchmarks/gpu_study.py --tiny --device cpu   # every stage at a tiny size: a check of the script
 
-The exit code is 0 once every stage is complete, 3 while some remain. Where a machine is lent for a few minutes at a
+The exit code is 0 once every stage is complete, 3 while some remain. Where a job may hold the GPU only minutes at a
 time, point ``--work`` at a folder that outlives one command. On an H200 the models stage alone takes minutes (a
 pretraining step about 65 ms, a LoRA step about 170 ms at batch 32); a call that ends in its LoRA stage keeps the
 finished base, and the next one goes on from it.
