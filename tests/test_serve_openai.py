@@ -146,12 +146,28 @@ def test_32_concurrent_requests_return_what_they_return_one_by_one(server, clien
                                          response_format={"type": "json_schema", "json_schema": {
                                              "name": "x", "schema": {"type": "no-such-type"}}}), 400),
     (lambda c: c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], logprobs=True), 400),
+    (lambda c: c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}],
+                                         logit_bias={"5": 100}), 400),
+    (lambda c: c.completions.create(model=NAME, prompt="x", presence_penalty=0.5), 400),
+    (lambda c: c.completions.create(model=NAME, prompt="x", frequency_penalty=-1), 400),
+    (lambda c: c.completions.create(model=NAME, prompt="x", best_of=3), 400),
+    (lambda c: c.completions.create(model=NAME, prompt="x", extra_body={"repetition_penalty": 1.2}), 400),
+    (lambda c: c.completions.create(model=NAME, prompt="x", extra_body={"min_p": 0.1}), 400),
 ])
 def test_bad_requests_are_4xx_with_a_message(client, call, status):
     with pytest.raises(openai.APIStatusError) as e:
         call(client)
     assert e.value.status_code == status
     assert e.value.body["message"] and e.value.body["type"]
+
+
+def test_neutral_values_of_unsupported_knobs_are_accepted(client):
+    # What OpenAI's own defaults (and many clients) send must not be turned away.
+    plain = client.completions.create(model=NAME, prompt="x", max_tokens=4, temperature=0)
+    neutral = client.completions.create(model=NAME, prompt="x", max_tokens=4, temperature=0, presence_penalty=0,
+                                        frequency_penalty=0, logit_bias={}, best_of=1,
+                                        extra_body={"repetition_penalty": 1.0, "min_p": 0})
+    assert neutral.choices[0].text == plain.choices[0].text
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"model": "x"}', b""])

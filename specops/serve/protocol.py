@@ -3,7 +3,8 @@
 Fields follow OpenAI's names and defaults, plus vLLM's sampling extensions (``top_k``, ``stop_token_ids``,
 ``ignore_eos``) so one request body means the same thing on either server. Unknown fields are ignored, as both
 OpenAI's clients and vLLM send or tolerate extras; features that would change the answer and are not
-implemented (log-probabilities, tools, echo, suffix) are refused rather than silently dropped.
+implemented (log-probabilities, tools, echo, suffix, logit biases, penalties, ``min_p``, ``best_of``) are refused
+rather than silently dropped: their neutral values (an empty bias, a zero penalty) are accepted.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class SamplingFields(BaseModel):
     provenance: bool = False  # extension: each choice carries where its tokens came from (drafts, acceptance)
     logprobs: Optional[Any] = None
     tools: Optional[list[Any]] = None
+    logit_bias: Optional[dict[str, Any]] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    best_of: Optional[int] = None
 
     @field_validator("stop")
     @classmethod
@@ -69,6 +76,14 @@ class SamplingFields(BaseModel):
             raise ValueError("logprobs are not supported by this server")
         if self.tools:
             raise ValueError("tools are not supported by this server")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by this server")
+        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                              ("min_p", 0.0)):
+            if getattr(self, name) != neutral:
+                raise ValueError(f"{name} is not supported by this server (only its neutral value {neutral:g})")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported by this server (only best_of = n)")
         return self
 
     @property
