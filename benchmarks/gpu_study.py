@@ -58,7 +58,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="folder for the results (default: $OUT, else --work)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting work after this many seconds and write what is done (default 540)")
-    ap.add_argument("--num-prompts", type=int, default=None, help="timed requests per configuration (default 128)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="timed requests per configuration (default 100: each held-out query once)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
     ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
     ap.add_argument("--seed", type=int, default=0)
@@ -98,7 +98,7 @@ def settings(args):
         recipe = STUDY
         draft = dict(prompts=4000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32,
                      max_batch=64)
-        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=128,
+        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100,
                      max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16")
     for key in ("num_prompts", "max_tokens", "repeats"):
         if getattr(args, key) is not None:
