@@ -220,21 +220,24 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
     try:
         return proc.wait(timeout=max(left(args) - 20, 1)) == 0
-    except subprocess.TimeoutExpired:
-        log("sweep: out of time; interrupting it (finished configurations are kept)")
-        proc.send_signal(signal.SIGINT)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
+        log("sweep: " + ("out of time" if isinstance(stop, subprocess.TimeoutExpired) else "stopped")
+            + "; interrupting it (finished configurations are kept)")
+        proc.send_signal(signal.SIGINT)  # the sweep exports what it finished
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if isinstance(stop, KeyboardInterrupt):
+            raise
         return False
 
 
-def stage_schedule(args, s: dict, prompts: Path) -> dict:
-    """Per temperature: the recommended batch-size schedule in a short sweep of its own."""
+def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
+    """Per temperature: the recommended batch-size schedule in a short sweep of its own, recorded in ``out`` as it
+    starts (so a stopped run still reports what it measured)."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
-    out = {}
     for block in rec["by_temperature"]:
         t = block["temperature"]
         ranges = block["embedded"]["gamma_per_batch_size"]
@@ -244,9 +247,9 @@ def stage_schedule(args, s: dict, prompts: Path) -> dict:
         run = args.work / f"schedule-t{t:g}"
         if left(args) < 60:
             break
-        complete = sweep(args, s, run, prompts, "schedule", f"{t:g}", 1, ["--gamma-schedule", json.dumps(ranges)])
-        out[str(t)] = {"schedule": ranges, "run": run.name, "complete": complete}
-    return out
+        out[str(t)] = {"schedule": ranges, "run": run.name, "complete": False}
+        out[str(t)]["complete"] = sweep(args, s, run, prompts, "schedule", f"{t:g}", 1,
+                                        ["--gamma-schedule", json.dumps(ranges)])
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -349,6 +352,11 @@ def print_tables(doc: dict) -> None:
 
 
 def main() -> int:
+    # Ctrl-C and SIGTERM stop the run the same way: the running sweep exports what it finished, study.json is
+    # written. Set explicitly because a job started in the background inherits SIGINT ignored, and so would the
+    # sweep, which then could not be interrupted at the time limit either.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     args = parse()
     args.work = args.work.resolve()
     out = (args.out or Path(os.environ.get("OUT") or args.work)).resolve()
@@ -374,9 +382,13 @@ def main() -> int:
                               s["repeats"]) for gammas in passes)
         status["grid"] = "complete" if grid_done else "partial"
         if grid_done:
-            doc["schedule_runs"] = stage_schedule(args, s, prompts)
+            doc["schedule_runs"] = {}
+            stage_schedule(args, s, prompts, doc["schedule_runs"])
             status["schedule"] = "complete" if all(v.get("complete", True) for v in doc["schedule_runs"].values()) \
                 and len(doc["schedule_runs"]) == len(s["temperatures"]) else "partial"
+    except KeyboardInterrupt:
+        log("stopped: writing what is done")
+        status["stopped"] = True
     finally:
         results = args.work / "grid" / "results.json"
         if results.is_file():
