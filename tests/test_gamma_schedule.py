@@ -126,3 +126,46 @@ def test_each_round_drafts_the_schedules_gamma_for_its_batch_size():
     assert {b for b, _ in rounds} == set(range(1, 7)) and {g for _, g in rounds} == {0, 1, 3}
     assert ("prefill", 1, 0) in used and ("prefill", 6, 3) in used
     assert eng.stats.num_accepted_tokens > 0
+
+
+@pytest.mark.skipif(not (TARGET / "config.json").is_file(), reason=f"fixture not built: {FIXTURE}")
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_rounds_run_as_graphs_run_them_change_no_output(temperature):
+    """On CUDA every round replays a graph that reads each row's number of drafts on the device, also when γ has
+    just switched and rows hold different numbers. Forcing that path on every round here (the CPU runs the same
+    round eagerly) changes no token, greedy or sampled, through a schedule that switches γ as requests join a
+    first one running alone (its rows then hold 5 drafts, theirs 3) and as the batch drains."""
+    from specops.inputs import query_prompt_ids
+
+    schedule = ((1, 1, 5), (2, 3, 1), (4, 16, 3))
+    queries = ["red running shoes under 80 dollars", "a laptop bag", "wireless earbuds with noise cancelling",
+               "a blue kettle", "cheap office chair", "送給媽媽的保溫杯，一千元以內"]
+
+    def run(as_graphs: bool):
+        eng = Engine.load(TARGET, DRAFT, gamma_schedule=schedule, max_batch=8, max_seq_len=512)
+        ragged = []
+        if as_graphs:
+            round_ = eng.runner._round
+
+            def every_round_ragged(b, mode, w, g, ragged_=False, *rest):
+                ragged.append(ragged_)
+                return round_(b, mode, w, g, True, *rest)
+
+            eng.runner._round = every_round_ragged
+        prompts = [query_prompt_ids(eng.tokenizer, q) for q in queries]
+        params = [SamplingParams(temperature=temperature, max_tokens=n, seed=7 + n) for n in (40, 8, 14, 20, 26, 32)]
+        done = {}
+        eng.add_request("r0", prompts[0], params[0])
+        for _ in range(2):
+            eng.step()
+        for i in range(1, len(prompts)):
+            eng.add_request(f"r{i}", prompts[i], params[i])
+        while eng.has_unfinished():
+            done.update({so.request_id: so.output.token_ids for so in eng.step() if so.finished})
+        counters = (eng.stats.num_drafts, eng.stats.num_draft_tokens, eng.stats.num_accepted_tokens)
+        return [done[f"r{i}"] for i in range(len(prompts))], counters, ragged
+
+    expected, expected_counters, _ = run(False)
+    got, counters, ragged = run(True)
+    assert got == expected and counters == expected_counters  # the same drafts kept, not only the same tokens
+    assert True in ragged and False in ragged  # rounds after a switch were ragged, the others uniform

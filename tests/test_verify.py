@@ -97,3 +97,30 @@ def test_greedy_path_equals_argmax_prefix(gamma, v, seed):
             k += 1
         assert n[i].item() == k
         assert out[i, : k + 1].tolist() == argmax[i, : k + 1].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 5), st.integers(2, 9), st.integers(0, 2**31 - 1))
+def test_rows_of_different_lengths_verify_as_if_alone(gamma, v, seed):
+    """A batch whose rows hold different numbers of drafts (γ switched between rounds) gives each row what verifying
+    it alone, with only its own drafts, gives: the padding past a row's length (stale drafts and distributions) is
+    never accepted and never shapes its residual."""
+    g = torch.Generator().manual_seed(seed)
+    b = 5
+    lengths = torch.randint(0, gamma + 1, (b,), generator=g)
+    probs = torch.rand(b, gamma + 1, v, generator=g).softmax(-1)
+    q = torch.rand(b, gamma, v, generator=g).softmax(-1)
+    drafts = torch.multinomial(q.view(-1, v), 1, generator=g).view(b, gamma)
+    greedy = torch.rand(b, generator=g) < 0.3
+    u_accept, u_sample = torch.rand(b, gamma, generator=g), torch.rand(b, generator=g)
+    for sampled in (True, False):
+        n, out = verify(probs.log(), probs if sampled else None, drafts, q if sampled else None,
+                        greedy if sampled else torch.ones(b, dtype=torch.bool), u_accept, u_sample, lengths)
+        for i in range(b):
+            k = lengths[i].item()
+            row = [x[i : i + 1] for x in (probs[:, : k + 1], drafts[:, :k], q[:, :k])]
+            n1, out1 = verify(row[0].log(), row[0] if sampled else None, row[1], row[2] if sampled else None,
+                              greedy[i : i + 1] if sampled else torch.ones(1, dtype=torch.bool),
+                              u_accept[i : i + 1, :k], u_sample[i : i + 1])
+            assert n[i].item() == n1.item() <= k
+            assert out[i, : n1.item() + 1].tolist() == out1[0, : n1.item() + 1].tolist()

@@ -11,9 +11,10 @@ graphs, and runs the two kinds of step the scheduler asks for.
 
 A round is a fixed-shape function of those buffers. With the fused kernels on CUDA it is captured as a CUDA
 graph per (batch bucket, sampling mode, drafts verified, drafts proposed) and replayed (γ may change between
-rounds under ``--gamma auto``; a round whose rows hold different numbers of drafts runs eagerly): the batch is
-padded up to its bucket with rows that point at a scratch slot nobody owns, so padding never touches a request's
-cache. Requests under a grammar need host
+rounds under ``--gamma auto`` or ``--gamma-schedule``: the rounds that switch are captured at start-up too, and a
+round whose rows hold different numbers of drafts replays the same graph, each row's count read on the device):
+the batch is padded up to its bucket with rows that point at a scratch slot nobody owns, so padding never touches
+a request's cache. Requests under a grammar need host
 work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU;
 with schema-aware drafting their rows also draft different numbers of tokens (γ free ones plus forced runs), so
 such a round is as wide as its longest row and verification knows each row's length.
@@ -107,6 +108,7 @@ class ModelRunner:
         self.drafts = torch.zeros(slots, self.width, dtype=torch.long, device=dev)
         self.draft_probs = torch.zeros(slots, self.width, v, dtype=torch.float32, device=dev)
         self.draft_len = [gamma] * slots  # each slot's pending drafts (host side: γ may change between rounds)
+        self.draft_count = torch.zeros(slots, dtype=torch.long, device=dev)  # the same counts, read by graphs
         self.sampling = SamplingState(slots, dev)
         self.row_slots = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
         self._steps = torch.arange(self.width + 1, device=dev)
@@ -198,14 +200,14 @@ class ModelRunner:
         self.row_slots[:padded].copy_(staged, non_blocking=True)
         counts = [self.draft_len[s] for s in slots]  # the pending drafts of each row (host side)
         w = max(counts)
-        lengths = None if min(counts) == w else counts + [w] * (padded - b)
+        ragged = min(counts) != w
         if constraints is not None:
-            result = self._round(padded, mode, w, g, lengths, constraints + [None] * (padded - b), rows)
+            result = self._round(padded, mode, w, g, ragged, constraints + [None] * (padded - b), rows)
         else:
-            if self.use_graphs and lengths is None:
+            if self.use_graphs:
                 result = self._replay(padded, mode, w, g)
             else:
-                result = self._round(padded, mode, w, g, lengths)
+                result = self._round(padded, mode, w, g, ragged)
             for s in slots:
                 self.draft_len[s] = g
         if self.device.type != "cuda":
@@ -220,22 +222,23 @@ class ModelRunner:
     def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
         return attention.for_rows(self.fused, slots, positions)
 
-    def _round(self, b: int, mode: Mode, w: int, g: int, counts: list[int] | None = None,
+    def _round(self, b: int, mode: Mode, w: int, g: int, ragged: bool = False,
                constraints: list | None = None, slots: list[int] | None = None) -> torch.Tensor:
-        """Verify rows ``row_slots[:b]`` (whose slots are ``slots`` when given), w drafts wide (``counts``: each row's
-        own number when they differ), and draft ``g`` free tokens each; returns [b, 2 + (w + 1) + w]: n, the row's
-        number of drafts, the tokens, the drafts verified. Device work only unless ``constraints`` (grammar masks
-        are computed on the host from the drafts and the emitted tokens)."""
+        """Verify rows ``row_slots[:b]`` (whose slots are ``slots`` when given), w drafts wide (``ragged``: each row
+        verifies its own number, ``draft_count``, at most w), and draft ``g`` free tokens each; returns
+        [b, 2 + (w + 1) + w]: n, the row's number of drafts, the tokens, the drafts verified. Device work only
+        unless ``constraints`` (grammar masks are computed on the host from the drafts and the emitted tokens)."""
         self.ctx_len[self.scratch :].zero_()  # padding rows start from position 0 every round
         rows = self.row_slots[:b]
-        lengths = None if counts is None else torch.tensor(counts, device=rows.device)
+        lengths = self.draft_count[rows] if ragged else None
         drafts = self.drafts[rows, :w]
         tokens = torch.cat([self.last_token[rows].unsqueeze(1), drafts], dim=1)
         positions = self.ctx_len[rows].unsqueeze(1) + self._steps[: w + 1]
         meta = self._meta_for(rows, positions)
         logits, taps = self.model(tokens, self.cache, meta, self.tap_layers)
         if constraints is not None:  # before verification: lossless w.r.t. the constrained distribution
-            for i, (c, row, k) in enumerate(zip(constraints, drafts.tolist(), counts or [w] * b)):
+            counts = lengths.tolist() if ragged else [w] * b
+            for i, (c, row, k) in enumerate(zip(constraints, drafts.tolist(), counts)):
                 if c is not None:
                     mask_logits_(logits[i, : k + 1], c.verification_masks(row[:k]))
         temperature, top_k, top_p = self.sampling.rows(rows)
@@ -271,6 +274,7 @@ class ModelRunner:
         self.drafts[rows, :w] = drafts
         if probs is not None:
             self.draft_probs[rows, :w] = probs
+        self.draft_count[rows] = w if lengths is None else lengths
         if slots is not None:
             counts = [w] * len(slots) if lengths is None else lengths.tolist()
             for s, k in zip(slots, counts):
@@ -279,16 +283,18 @@ class ModelRunner:
     # -- CUDA graphs --------------------------------------------------------------------------------------------
 
     def capture_all(self, gammas) -> None:
-        """Capture, before any request arrives, the rounds steady decoding replays: every bucket, greedy and
-        sampled, verifying and drafting each γ in ``gammas``, so no request waits for a capture (rounds that
-        switch γ, or filter with top-k / top-p, are still captured on first use)."""
+        """Capture, before any request arrives, every round decoding replays: every bucket, greedy and sampled,
+        verifying drafts of any γ in ``gammas`` and drafting any γ in ``gammas`` (a switch of γ is a round of its
+        own), so no request waits for a capture (rounds that filter with top-k / top-p are captured on first
+        use)."""
         if not self.use_graphs:
             return
         for b in self.buckets or []:
             for mode in (Mode(), Mode(sampled=True)):
-                for g in gammas:
-                    if (b, mode, g, g) not in self._graphs:
-                        self._graphs[(b, mode, g, g)] = self._capture(b, mode, g, g)
+                for w in gammas:
+                    for g in gammas:
+                        if (b, mode, w, g) not in self._graphs:
+                            self._graphs[(b, mode, w, g)] = self._capture(b, mode, w, g)
 
     def _replay(self, b: int, mode: Mode, w: int, g: int) -> torch.Tensor:
         key = (b, mode, w, g)
@@ -299,19 +305,20 @@ class ModelRunner:
         return out
 
     def _capture(self, b: int, mode: Mode, w: int, g: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture one round for ``b`` rows verifying ``w`` drafts and drafting ``g``. The warm-up run (kernel compilation, library handles) uses padding
-        rows only, so no request's state moves; capturing itself runs nothing."""
+        """Capture one round for ``b`` rows verifying up to ``w`` drafts (each row's own count, read on the device
+        at replay) and drafting ``g``. The warm-up run (kernel compilation, library handles) uses padding rows only,
+        so no request's state moves; capturing itself runs nothing."""
         live = self.row_slots[:b].clone()
         self.row_slots[:b].fill_(self.scratch)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._round(b, mode, w, g)
+            self._round(b, mode, w, g, ragged=True)
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._round(b, mode, w, g)
+            out = self._round(b, mode, w, g, ragged=True)
         self.row_slots[:b].copy_(live)
         return graph, out

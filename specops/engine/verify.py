@@ -69,7 +69,6 @@ def verify(
         ok = torch.where(greedy.view(b, 1), greedy_ok, sample_ok)
         if valid is not None:
             ok = ok & valid
-            draft_probs = draft_probs * valid.unsqueeze(-1)  # q = 0 after a row's last draft
         n = ok.long().cumprod(dim=-1).sum(dim=-1)
     else:
         n = torch.zeros(b, dtype=torch.long, device=draft_tokens.device)
@@ -77,6 +76,8 @@ def verify(
     p_n = target_probs.gather(1, idx).squeeze(1)
     q_pad = torch.cat([draft_probs, torch.zeros_like(p_n).unsqueeze(1)], dim=1)  # q = 0 after the last draft
     q_n = q_pad.gather(1, idx).squeeze(1)
+    if lengths is not None:  # ... and after a row's own last draft (n reached its length)
+        q_n = q_n * (n < lengths).unsqueeze(1)
     sampled = sample_from(residual_probs(p_n, q_n), u_sample)
     nxt = torch.where(greedy, argmax.gather(1, n.view(b, 1)).squeeze(1), sampled)
     tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(b, 1)], dim=1)
