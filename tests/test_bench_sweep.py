@@ -234,7 +234,9 @@ def test_schedule_device_and_dtype_reach_the_server_and_the_fixed_parameters_onl
 
     base = dict(model=tiny / "target", draft=tiny / "draft", synthetic=4)
     old = SweepConfig(**base).fixed()
-    assert not {"gamma_schedule", "device", "dtype"} & set(old)  # runs from before these options still resume
+    assert not {"gamma_schedule", "device", "dtype", "waves"} & set(old)  # runs from before these still resume
+    assert SweepConfig(**base, waves=8).fixed() == {**old, "waves": 8}
+    assert [SweepConfig(**base, waves=8).timed_requests(c) for c in (1, 8, 64)] == [64, 64, 512]
     cfg = SweepConfig(**base, gammas=[0, "schedule"], gamma_schedule=((1, 4, 5), (5, 64, 3)), device="cuda:1",
                       dtype="bf16")
     cfg.validate()
@@ -251,18 +253,20 @@ def test_schedule_device_and_dtype_reach_the_server_and_the_fixed_parameters_onl
 @pytest.mark.slow
 def test_a_gamma_schedule_is_a_configuration_of_its_own(tiny, tmp_path):
     """Against plain decoding, with γ = 3 alone and γ = 1 from two requests on: one client drafts 3 tokens a round,
-    three clients fewer; the recommendation compares the schedule with the best fixed γ."""
+    three clients fewer; the recommendation compares the schedule with the best fixed γ. Two waves: three clients
+    send six timed requests, one client the four of --num-prompts."""
     run = tmp_path / "run"
     done = subprocess.run(sweep_argv(
         "--model", str(tiny / "target"), "--draft", str(tiny / "draft"), "--gamma", "0,schedule",
         "--gamma-schedule", "[[1,1,3],[2,8,1]]", "--concurrency", "1,3", "--temperature", "0", "--dataset",
-        str(tiny / "prompts.jsonl"), "--num-prompts", "4", "--max-tokens", "12", "--warmup", "1", "--slo", "e2e=60s",
-        "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
+        str(tiny / "prompts.jsonl"), "--num-prompts", "4", "--waves", "2", "--max-tokens", "12", "--warmup", "1",
+        "--slo", "e2e=60s", "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     results = json.loads((run / "results.json").read_text())
-    assert results["fixed"]["gamma_schedule"] == [[1, 1, 3], [2, 8, 1]]
+    assert results["fixed"]["gamma_schedule"] == [[1, 1, 3], [2, 8, 1]] and results["fixed"]["waves"] == 2
     grid = {(r["gamma"], r["concurrency"]): r for r in results["configurations"]}
     assert set(grid) == {(g, c) for g in (0, "schedule") for c in (1, 3)}
+    assert {k: r["requests"] for k, r in grid.items()} == {(g, c): max(4, 2 * c) for g, c in grid}
     alone, together = grid[("schedule", 1)]["acceptance"], grid[("schedule", 3)]["acceptance"]
     assert alone["num_draft_tokens"] == 3 * alone["num_drafts"] > 0
     assert together["num_draft_tokens"] < 3 * together["num_drafts"]

@@ -29,6 +29,9 @@ RATE = typer.Option(None, "--rate", help="poisson:R for open-loop arrivals at R 
 DATASET = typer.Option(None, "--dataset", help="JSONL prompts: one of query, prompt or messages per line.")
 SYNTHETIC = typer.Option(None, "--synthetic", help="Use N synthetic shopper queries as the prompt pool.")
 NUM_PROMPTS = typer.Option(64, "--num-prompts", help="Timed requests per configuration (the pool is cycled).")
+WAVES = typer.Option(0, "--waves", help="At least N × concurrency timed requests per configuration (closed-loop "
+                                        "waves), so high-concurrency points measure more than ramp-up and drain; "
+                                        "0: --num-prompts alone.")
 MAX_TOKENS = typer.Option(128, "--max-tokens", help="max_tokens of every request.")
 WARMUP = typer.Option(2, "--warmup", help="Unmeasured requests before each configuration.")
 SEED = typer.Option(0, "--seed", help="Seed of the prompt order, arrivals and per-request sampling.")
@@ -59,7 +62,8 @@ def sweep_config(**kw):
         concurrencies=params.int_list("--concurrency", kw["concurrency"], 1),
         temperatures=params.float_list("--temperature", kw["temperature"], 0.0),
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
-        num_prompts=kw["num_prompts"], max_tokens=kw["max_tokens"], warmup=kw["warmup"], seed=kw["seed"],
+        num_prompts=kw["num_prompts"], waves=kw.get("waves", 0), max_tokens=kw["max_tokens"], warmup=kw["warmup"],
+        seed=kw["seed"],
         ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
         provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
@@ -87,8 +91,8 @@ def sweep(
     temperature: str = typer.Option("0,0.7", "--temperature", help="Sampling temperatures."),
     repeats: int = typer.Option(1, "--repeats", help="Measurements per configuration (≥ 2 gives speedup CIs)."),
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,
-    num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP, seed: int = SEED,
-    ignore_eos: bool = IGNORE_EOS, slo: str = SLO,
+    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP,
+    seed: int = SEED, ignore_eos: bool = IGNORE_EOS, slo: str = SLO,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out; finished configurations are kept."),
     provenance: bool = typer.Option(False, "--provenance", help="Record each answer's draft provenance (specops "
                                                                 "servers) for `specops acceptance --run`."),
@@ -121,9 +125,9 @@ def bench(
     concurrency: str = typer.Option("1", "--concurrency", help="Clients (closed loop) or in-flight cap."),
     temperature: str = typer.Option("0", "--temperature", help="Sampling temperature."),
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,
-    num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP, seed: int = SEED,
-    ignore_eos: bool = IGNORE_EOS, slo: str = SLO, gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS,
-    max_batch: Optional[int] = MAX_BATCH, device: str = DEVICE, dtype: str = DTYPE,
+    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, max_tokens: int = MAX_TOKENS, warmup: int = WARMUP,
+    seed: int = SEED, ignore_eos: bool = IGNORE_EOS, slo: str = SLO, gpu_hourly_cost: Optional[float] = COST,
+    gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH, device: str = DEVICE, dtype: str = DTYPE,
     out: Optional[Path] = typer.Option(None, "--out", help="Keep the run directory here (default: temporary)."),
 ) -> None:
     """Measure one configuration and print its metrics as JSON."""

@@ -45,6 +45,7 @@ class SweepConfig:
     dataset: Optional[Path] = None
     synthetic: Optional[int] = None
     num_prompts: int = 64
+    waves: int = 0  # at least waves × concurrency timed requests per configuration (0: num_prompts alone)
     max_tokens: int = 128
     warmup: int = 2
     seed: int = 0
@@ -117,7 +118,8 @@ class SweepConfig:
         if (self.dataset is None) == (self.synthetic is None):
             raise SpecopsError("give exactly one of --dataset FILE.jsonl or --synthetic N")
         for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-tokens", self.max_tokens, 1),
-                                 ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0), ("--gpus", self.gpus, 1)):
+                                 ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0), ("--gpus", self.gpus, 1),
+                                 ("--waves", self.waves, 0)):
             if value < low:
                 raise SpecopsError(f"{name} must be at least {low}, got {value}")
         if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
@@ -163,7 +165,14 @@ class SweepConfig:
             **({"gamma_schedule": [list(r) for r in self.gamma_schedule]} if self.gamma_schedule is not None else {}),
             **({"device": self.device} if self.device != "cpu" else {}),
             **({"dtype": self.dtype} if self.dtype != "float32" else {}),
+            **({"waves": self.waves} if self.waves else {}),
         }
+
+    def timed_requests(self, concurrency: int) -> int:
+        """Timed requests at ``concurrency``: ``num_prompts``, raised to ``waves`` × concurrency, so that at high
+        concurrency the run is more than its ramp-up and drain (with as many requests as slots, every request
+        starts together and the throughput is that of the slowest one)."""
+        return max(self.num_prompts, self.waves * concurrency)
 
     @property
     def response_format(self) -> Optional[dict[str, Any]]:

@@ -53,7 +53,7 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
         warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
         if not any(r.ok for r in warm.records):
             raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
-    timed = workload.ordered(pool, cfg.num_prompts, cfg.seed)
+    timed = workload.ordered(pool, cfg.timed_requests(point.concurrency), cfg.seed)
     counts = speculative(point.gamma) or point.drafter != "eagle3" or cfg.backend == "external"
     before = _spec(server, cfg.backend != "external") if counts else None
     result = loadgen.run(timed, spec, on_progress)
@@ -115,7 +115,7 @@ def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prom
             with serving(cfg, gamma, drafter) as server:
                 for p in todo:
                     bar.update(grid, note=_label(p))
-                    bar.reset(reqs, total=cfg.num_prompts)
+                    bar.reset(reqs, total=cfg.timed_requests(p.concurrency))
                     on_progress = lambda n_in, n_done: bar.update(  # noqa: E731
                         reqs, completed=n_done, note=f"{n_in} in flight")
                     store.commit(measure(server, cfg, p, pool, on_progress))

@@ -25,7 +25,8 @@ def study(
     temperature: str = typer.Option("0,0.7", "--temperature", help="Sampling temperatures."),
     repeats: int = typer.Option(1, "--repeats", help="Measurements per configuration (≥ 2 gives speedup CIs)."),
     rate: Optional[str] = bench.RATE, dataset: Optional[Path] = bench.DATASET, synthetic: Optional[int] = bench.SYNTHETIC,
-    num_prompts: int = bench.NUM_PROMPTS, max_tokens: int = bench.MAX_TOKENS, warmup: int = bench.WARMUP,
+    num_prompts: int = bench.NUM_PROMPTS, waves: int = bench.WAVES, max_tokens: int = bench.MAX_TOKENS,
+    warmup: int = bench.WARMUP,
     seed: int = bench.SEED, ignore_eos: bool = bench.IGNORE_EOS, slo: str = bench.SLO,
     judge: str = typer.Option("reference", "--judge",
                               help="reference (offline: prefers the answer closer to the gold parameters) or the "
