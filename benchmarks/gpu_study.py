@@ -7,25 +7,28 @@ goes on where it stopped when started again:
    weights), base + LoRA + merged target trained on the GPU, and the target's task quality on the held-out queries.
 2. ``draft``: its domain EAGLE-3 draft, self-distilled from the target's own greedy answers (training-time test).
 3. ``grid``: ``specops sweep`` through the real server (``specops serve --device cuda --dtype bfloat16``): γ 0/1/3/5
-   × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs;
+   × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs, each
+   point at least 8 closed-loop waves long (``sweep --waves``: one wave of 64 requests is a third of a second);
    γ 0 and 3 (the goals' points) first, then the step costs (4), then the same sweep resumed with γ 1 and 5.
 4. ``costs``: the step costs of the speculative model per batch size, from the engine's CUDA-graph replays in bf16:
    a plain step, the verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
-   second short sweep, against the best fixed γ of the grid at each concurrency.
+   sweep of its own (as many repeats as the grid), against the best fixed γ of the grid at each concurrency.
 
 Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
-with its 95 % CI, goodput under the 2 s SLO, and the speedup E/(γc + v) predicted from the measured acceptance and
-step costs) and writes ``study.json`` with the sweeps' ``results.json``/``results.csv``/``recommendation.json`` to
-``$OUT`` (or ``--out``) after every call, finished or not.
+with its 95 % CI, goodput under the 2 s SLO, the speedup E/(γc + v) predicted from the measured acceptance and step
+costs, and, since that formula models decoding alone, the decode speedup (TPOT) and the share of each request spent
+before its first token) and writes ``study.json`` with the sweeps' ``results.json``/``results.csv``/
+``recommendation.json`` to ``$OUT`` (or ``--out``) after every call, finished or not.
 
     python benchmarks/gpu_study.py --work DIR            # one CUDA GPU; repeat the same command until it exits 0
     python benchmarks/gpu_study.py --tiny --device cpu   # every stage at a tiny size: a check of the script
 
 The exit code is 0 once every stage is complete, 3 while some remain. Where a job may hold the GPU only minutes at a
-time, point ``--work`` at a folder that outlives one command. On an H200 the models stage alone takes minutes (a
-pretraining step about 65 ms, a LoRA step about 170 ms at batch 32); a call that ends in its LoRA stage keeps the
-finished base, and the next one goes on from it.
+time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
+base, and the next one goes on from it. On an H100 the models took 3.5 minutes (a pretraining step 51 ms, a LoRA
+step 185 ms at batch 96, both bound by kernel launches), the draft under 2, the whole run with 64 requests a point
+9 minutes.
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="folder for the results (default: $OUT, else --work)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting work after this many seconds and write what is done (default 540)")
-    ap.add_argument("--num-prompts", type=int, default=None, help="timed requests per configuration (default 100: each held-out query once)")
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="timed requests per configuration (default 100: each held-out query once)")
+    ap.add_argument("--waves", type=int, default=None,
+                    help="at least this many × concurrency timed requests per configuration (default 8)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
     ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
     ap.add_argument("--seed", type=int, default=0)
@@ -92,15 +98,15 @@ def settings(args):
                          eval_examples=8, max_new_tokens=24)
         draft = dict(prompts=40, epochs=1.0, batch_size=8, lr=3e-3, vocab=256, max_new_tokens=24, eval_prompts=4,
                      max_batch=8)
-        sweep = dict(gammas=[0, 3], concurrency=[1, 4], temperatures=[0.0, 0.7], num_prompts=6, max_tokens=16,
-                     repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32")
+        sweep = dict(gammas=[0, 3], concurrency=[1, 4], temperatures=[0.0, 0.7], num_prompts=6, waves=2,
+                     max_tokens=16, repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32")
     else:
         recipe = STUDY
         draft = dict(prompts=4000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32,
                      max_batch=64)
-        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100,
+        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100, waves=8,
                      max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16")
-    for key in ("num_prompts", "max_tokens", "repeats"):
+    for key in ("num_prompts", "waves", "max_tokens", "repeats"):
         if getattr(args, key) is not None:
             sweep[key] = getattr(args, key)
     return recipe, draft, sweep
@@ -226,7 +232,8 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
            "--model", str(models / "target-merged"), "--draft", str(args.work / "draft-domain"),
            "--gamma", gammas, "--concurrency", ",".join(map(str, s["concurrency"])), "--temperature", temperatures,
            "--repeats", str(repeats), "--dataset", str(prompts), "--num-prompts", str(s["num_prompts"]),
-           "--max-tokens", str(s["max_tokens"]), "--warmup", str(s["warmup"]), "--seed", str(args.seed),
+           "--waves", str(s["waves"]), "--max-tokens", str(s["max_tokens"]), "--warmup", str(s["warmup"]),
+           "--seed", str(args.seed),
            "--device", args.device, "--dtype", s["dtype"], "--resume", *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     log("sweep: " + " ".join(cmd[3:]))
@@ -261,7 +268,7 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
         if left(args) < 60:
             break
         out[str(t)] = {"schedule": ranges, "run": run.name, "complete": False}
-        out[str(t)]["complete"] = sweep(args, s, run, prompts, "schedule", f"{t:g}", 1,
+        out[str(t)]["complete"] = sweep(args, s, run, prompts, "schedule", f"{t:g}", s["repeats"],
                                         ["--gamma-schedule", json.dumps(ranges)])
 
 
@@ -284,13 +291,26 @@ def predicted(row: dict, parts: list[dict]) -> float | None:
     return predicted_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"], p["v"][str(g)])
 
 
+def mean(r: dict, metric: str) -> float | None:
+    return (r.get(f"{metric}_ms") or {}).get("mean")
+
+
 def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
+    """The grid's rows with the prediction next to the measurement. E/(γc + v) models decoding alone, so besides the
+    throughput speedup each row has the decode speedup (mean TPOT of γ = 0 over its own: what the formula
+    predicts) and the share of a request's time spent before its first token (prefill and queueing, which
+    speculation does not shorten)."""
+    plain = {(r["temperature"], r["concurrency"]): r for r in rows if r["gamma"] == 0}
     out = []
     for r in rows:
         sp = r.get("speedup_throughput") or {}
         a = r.get("acceptance") or {}
         pred = predicted(r, parts)
         meas = sp.get("value")
+        base = plain.get((r["temperature"], r["concurrency"]))
+        tpot, tpot0 = mean(r, "tpot"), base and mean(base, "tpot")
+        decode = tpot0 / tpot if tpot and tpot0 and r["gamma"] != 0 else None
+        ttft, e2e = mean(r, "ttft"), mean(r, "e2el")
         out.append({
             "temperature": r["temperature"], "concurrency": r["concurrency"], "gamma": r["gamma"],
             "output_tokens_per_s": r["output_tokens_per_s"],
@@ -299,6 +319,8 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
             "speedup": meas, "speedup_ci95": [sp.get("ci95_low"), sp.get("ci95_high")],
             "goodput_rps": r["goodput_rps"], "predicted_speedup": pred,
             "measured_over_predicted": meas / pred if meas and pred else None,
+            "decode_speedup": decode, "decode_over_predicted": decode / pred if decode and pred else None,
+            "ttft_share": ttft / e2e if ttft and e2e else None,
         })
     return out
 
@@ -346,7 +368,7 @@ def print_tables(doc: dict) -> None:
             print(f"{p['batch']:>5} {p['target_ms']:>9.3f} {p['c']:>6.3f} " + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
     if doc.get("grid"):
         print("\nT    c  γ    tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms   E2E p50/p99 ms  acc   MAL  speedup [95% CI]"
-              "       goodput  pred  meas/pred")
+              "       goodput  pred  meas/pred  decode  dec/pred  TTFT share")
         for r in doc["grid"]:
             lo, hi = r["speedup_ci95"]
             print(f"{r['temperature']:<4g}{r['concurrency']:>3} {r['gamma']!s:>2} {r['output_tokens_per_s']:>8.1f} "
@@ -355,7 +377,8 @@ def print_tables(doc: dict) -> None:
                   f"{fmt(r['e2el_p50'], '7.0f')}/{fmt(r['e2el_p99'], '<7.0f')} "
                   f"{fmt(r['acceptance_rate'], '.3f'):>5} {fmt(r['mean_acceptance_length']):>5} "
                   f"{fmt(r['speedup'], '5.2f')} [{fmt(lo)}, {fmt(hi)}] {r['goodput_rps']:>8.2f} "
-                  f"{fmt(r['predicted_speedup']):>5} {fmt(r['measured_over_predicted']):>6}")
+                  f"{fmt(r['predicted_speedup']):>5} {fmt(r['measured_over_predicted']):>9} "
+                  f"{fmt(r['decode_speedup']):>7} {fmt(r['decode_over_predicted']):>9} {fmt(r['ttft_share']):>11}")
     if doc.get("schedule"):
         print("\nschedule (recommended γ per batch size) against the best fixed γ, goodput under the SLO")
         for r in doc["schedule"]:
