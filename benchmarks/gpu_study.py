@@ -233,8 +233,7 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
            "--gamma", gammas, "--concurrency", ",".join(map(str, s["concurrency"])), "--temperature", temperatures,
            "--repeats", str(repeats), "--dataset", str(prompts), "--num-prompts", str(s["num_prompts"]),
            "--waves", str(s["waves"]), "--max-tokens", str(s["max_tokens"]), "--warmup", str(s["warmup"]),
-           "--seed", str(args.seed),
-           "--device", args.device, "--dtype", s["dtype"], "--resume", *extra]
+           "--seed", str(args.seed), "--device", args.device, "--dtype", s["dtype"], "--resume", *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     log("sweep: " + " ".join(cmd[3:]))
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
