@@ -1,8 +1,9 @@
 """The engine's own thread: it alone touches the engine (which is not thread-safe).
 
 HTTP handlers queue additions and aborts to it; it applies them between steps, loops ``engine.step()`` while
-requests are pending, sleeps otherwise, and hands each request's new tokens to that request's asyncio queue
-with ``loop.call_soon_threadsafe``. Whatever the engine raises for one request (say, a prompt it refuses) goes
+requests are pending, sleeps otherwise, and hands each request's new tokens to that request's asyncio queue:
+one ``loop.call_soon_threadsafe`` per step for all of them (each call wakes the event loop, which costs more
+than the rest of a token's way out). Whatever the engine raises for one request (say, a prompt it refuses) goes
 back to that request; an exception from ``step`` fails every request in flight, and the thread goes on.
 """
 
@@ -40,8 +41,22 @@ class _Sink:
     tag: int
 
     def put(self, event: Event) -> None:
+        _deliver([(self, event)])
+
+
+def _put_all(events: list[tuple[asyncio.Queue, Event]]) -> None:
+    for queue, event in events:
+        queue.put_nowait(event)
+
+
+def _deliver(events: list[tuple[_Sink, Event]]) -> None:
+    """Hand a step's events to their queues, one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for sink, event in events:
+        by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+    for loop, batch in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            loop.call_soon_threadsafe(_put_all, batch)
         except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
             pass
 
@@ -155,6 +170,7 @@ class EngineRunner:
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 continue
             self.steps += 1
+            events = []
             for out in outputs:
                 sink = self._sinks.get(out.request_id)
                 if sink is None:
@@ -164,4 +180,6 @@ class EngineRunner:
                 prov = None
                 if out.output is not None and out.output.provenance is not None:
                     prov = {"token_ids": out.output.token_ids, "rounds": out.output.provenance}
-                sink.put(Event(sink.tag, list(out.new_token_ids), out.finished, out.finish_reason, provenance=prov))
+                events.append((sink, Event(sink.tag, list(out.new_token_ids), out.finished, out.finish_reason,
+                                           provenance=prov)))
+            _deliver(events)
