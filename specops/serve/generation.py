@@ -151,7 +151,7 @@ class Generation:
                     self.state.metrics.ttft.labels(self.endpoint).observe(time.monotonic() - self.started_at)
                 before = choice.num_tokens
                 text = choice.detok.add(ev.token_ids, final=ev.finished)
-                self.state.metrics.generation_tokens.labels(self.state.model_name).inc(choice.num_tokens - before)
+                self.state.metrics.generated.inc(choice.num_tokens - before)
                 if choice.detok.stopped or ev.finished:
                     choice.done = True
                     choice.provenance = ev.provenance

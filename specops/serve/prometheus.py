@@ -49,7 +49,9 @@ class ServerMetrics:
         self.ttft = Histogram("specops_time_to_first_token_seconds", "Time to the first generated token.",
                               ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", ["model_name"], registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", ["model_name"], registry=r)
+        # bound to its label once: it counts every streamed piece
+        self.generated = Counter("vllm:generation_tokens", "Tokens generated.", ["model_name"],
+                                 registry=r).labels(model_name)
         self.in_flight = Gauge("specops_requests_in_flight", "Engine requests accepted and not yet finished.",
                                registry=r)
         self.aborted = Counter("specops_aborted_requests", "Engine requests cancelled (client gone, stop string).",
