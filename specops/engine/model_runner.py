@@ -274,7 +274,10 @@ class ModelRunner:
         self.drafts[rows, :w] = drafts
         if probs is not None:
             self.draft_probs[rows, :w] = probs
-        self.draft_count[rows] = w if lengths is None else lengths
+        if lengths is None:  # a scalar fill: an indexed write of a Python number would copy from the host
+            self.draft_count.index_fill_(0, rows, w)
+        else:
+            self.draft_count[rows] = lengths
         if slots is not None:
             counts = [w] * len(slots) if lengths is None else lengths.tolist()
             for s, k in zip(slots, counts):
