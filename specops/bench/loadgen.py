@@ -8,6 +8,7 @@ Open loop (``rate``): seeded Poisson arrivals at ``rate`` requests/s, at most ``
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass
@@ -167,5 +168,13 @@ async def _run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progres
 
 
 def run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progress] = None) -> LoadResult:
-    """Send every prompt (index = position in ``prompts``) and return the records in index order."""
-    return asyncio.run(_run(prompts, spec, progress))
+    """Send every prompt (index = position in ``prompts``) and return the records in index order.
+
+    What the process holds already is kept out of the garbage collector's reach while it runs: a full collection
+    pauses the client, and a pause while tokens arrive would be recorded as the server's latency."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return asyncio.run(_run(prompts, spec, progress))
+    finally:
+        gc.unfreeze()
