@@ -99,8 +99,8 @@ def main() -> int:
         return 0
     rows = []
     for variant in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", variant], check=True, capture_output=True,
-                             text=True, cwd=REPO).stdout
+        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", variant], check=True,
+                             capture_output=True, text=True, cwd=REPO).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     cols = ["variant", "collectable_objects", "collections", "full_collections", "longest_full_ms", "longest_pause_ms",
             "paused_ms", "output_tokens_per_s", "ttft_p99_ms", "e2e_p99_ms"]

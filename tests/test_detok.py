@@ -3,21 +3,21 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serve_helpers import FIXTURE
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from specops.models.target import load_tokenizer
 from specops.serve.detok import Detokenizer
 
-FIXTURE = "fixtures/commerce-tiny/target-merged"
-SAMPLES = ['{"query": "紅色跑鞋 3千以下", "brand": ["Nike"]}', "ünïcode 👟 shoes under 1.5k", "  two  spaces\nand a line"]
+SAMPLES = ['{"query": "紅色跑鞋 3千以下", "brand": ["Nike"]}', "ünïcode 👟 shoes under 1.5k",
+           "  two  spaces\nand a line"]
 
 
 @pytest.fixture(scope="module")
 def tok():
-    t = load_tokenizer(FIXTURE, 10**9)
-    t.samples = [t.encode(s, add_special_tokens=False) for s in SAMPLES]
-    return t
+    """The fixture target's byte-level BPE tokenizer."""
+    return load_tokenizer(FIXTURE / "target-merged", 10**9)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_streamed_text_is_the_full_decode_where_a_piece_depends_on_the_one_befor
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_stop_strings_cut_the_text_before_the_first_match(tok, data):
-    ids = data.draw(st.sampled_from(tok.samples))
+    ids = tok.encode(data.draw(st.sampled_from(SAMPLES)), add_special_tokens=False)
     full = tok.decode(ids, skip_special_tokens=True)
     i = data.draw(st.integers(0, len(full) - 1))
     stop = full[i : i + data.draw(st.integers(1, 3))]
