@@ -120,6 +120,26 @@ def test_interrupted_run_resumes_to_the_same_weights(target, prompts_file, basel
     assert (out / "model.safetensors").read_bytes() == (baseline[0] / "model.safetensors").read_bytes()
 
 
+def test_a_run_stopped_after_training_reports_the_training_it_resumed_from(target, prompts_file, baseline, tmp_path):
+    """Stopped in its evaluation, the next call trains nothing and still reports the loss and accuracy of the last
+    tenth of the steps, as the uninterrupted run does."""
+    source = pipeline.Source("file", str(prompts_file))
+
+    def stop_in_evaluation(stage, done, total, fields):
+        if stage == "evaluate" and done == 1:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "e"
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(job(target, out, source), stop_in_evaluation)
+    report = pipeline.run(job(target, out, source))
+    done = baseline[1]["training"]
+    assert report["training"]["resumed_at"] == done["steps"]
+    assert report["training"]["final_loss"] == pytest.approx(done["final_loss"])
+    assert report["training"]["step_accuracy"] == pytest.approx(done["step_accuracy"])
+    assert done["final_loss"] > 0
+
+
 def test_online_training_matches_the_cached_data_path(target, prompts_file, baseline, tmp_path):
     online = pipeline.run(job(target, tmp_path / "o", pipeline.Source("file", str(prompts_file)), online=True))
     assert online["data"]["mode"] == "online"

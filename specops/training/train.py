@@ -84,22 +84,24 @@ def schedule(n: int, cfg: TrainConfig) -> tuple[int, Callable[[int], list[int]]]
     return total, indices
 
 
-def save_checkpoint(path: Path, step: int, draft, opt, key: str) -> None:
+def save_checkpoint(path: Path, step: int, draft, opt, key: str, tail: dict | None = None) -> None:
+    """``tail``: the report's sums so far, so a run resumed in its last tenth (or after it) reports all of it."""
     buf = io.BytesIO()
-    torch.save({"step": step, "key": key, "draft": draft.state_dict(), "opt": opt.state_dict()}, buf)
+    torch.save({"step": step, "key": key, "draft": draft.state_dict(), "opt": opt.state_dict(), "tail": tail}, buf)
     write_atomic(path, buf.getvalue())
 
 
-def load_checkpoint(path: Path, draft, opt, key: str) -> int:
-    """Restore draft and optimizer from ``path`` if it belongs to this run; the step to continue from."""
+def load_checkpoint(path: Path, draft, opt, key: str) -> tuple[int, dict | None]:
+    """Restore draft and optimizer from ``path`` if it belongs to this run; the step to continue from and the
+    report's sums saved with it."""
     if not path.is_file():
-        return 0
+        return 0, None
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("key") != key:
-        return 0
+        return 0, None
     draft.load_state_dict(state["draft"])
     opt.load_state_dict(state["opt"])
-    return int(state["step"])
+    return int(state["step"]), state.get("tail")
 
 
 Progress = Callable[[int, int, ttt.StepResult], None]  # (step done, total, result of that step)
@@ -117,12 +119,12 @@ def train(draft, target, data: Data, cfg: TrainConfig, checkpoint: Path, key: st
     opt = adamw(params, cfg.lr, cfg.weight_decay)
     total, indices = schedule(len(data), cfg)
     key = f"{key}:{asdict(cfg)}"
-    start = load_checkpoint(checkpoint, draft, opt, key)
+    start, saved = load_checkpoint(checkpoint, draft, opt, key)
     device = data.device
     draft.train()
     # Reported accuracy covers the last tenth of the run: what the finished draft does, not its first steps.
     tail_from = total - max(1, total // 10)
-    sums = {"loss": 0.0, "correct": [0] * cfg.ttt_steps, "count": [0] * cfg.ttt_steps, "steps": 0}
+    sums = saved or {"loss": 0.0, "correct": [0] * cfg.ttt_steps, "count": [0] * cfg.ttt_steps, "steps": 0}
     for step in range(start, total):
         batch = data.batch(indices(step))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -137,7 +139,7 @@ def train(draft, target, data: Data, cfg: TrainConfig, checkpoint: Path, key: st
                 sums["correct"][k] += result.step_correct[k]
                 sums["count"][k] += result.step_counts[k]
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total:
-            save_checkpoint(checkpoint, step + 1, draft, opt, key)
+            save_checkpoint(checkpoint, step + 1, draft, opt, key, sums)
         progress(step + 1, total, result)
     draft.eval()
     return {
