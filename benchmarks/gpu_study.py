@@ -10,8 +10,9 @@ goes on where it stopped when started again:
    × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs, each
    point at least 8 closed-loop waves long (``sweep --waves``: one wave of 64 requests is a third of a second);
    γ 0 and 3 (the goals' points) first, then the step costs (4), then the same sweep resumed with γ 1 and 5.
-4. ``costs``: the step costs of the speculative model per batch size, from the engine's CUDA-graph replays in bf16:
-   a plain step, the verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step.
+4. ``costs``: the step costs of the speculative model per batch size and temperature (greedy, or sampling: the
+   distributions and the rejection test cost more), from the engine's CUDA-graph replays in bf16: a plain step, the
+   verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
    sweep of its own (as many repeats as the grid), against the best fixed γ of the grid at each concurrency.
 
@@ -188,13 +189,15 @@ def stage_costs(args, s: dict) -> list[dict]:
     log("costs: plain, verify and draft steps per batch size")
     engine = Engine.load(args.work / "models" / "target-merged", args.work / "draft-domain", gamma=max(s["gammas"]),
                          device=args.device, dtype=s["dtype"], max_batch=max(s["concurrency"]), max_seq_len=1024)
-    parts = json.loads(json.dumps(measure_parts(engine.runner, [g for g in s["gammas"] if g > 0], s["parts_batches"])))
+    gammas = [g for g in s["gammas"] if g > 0]
+    parts = [p for t in s["temperatures"] for p in measure_parts(engine.runner, gammas, s["parts_batches"], temperature=t)]
+    parts = json.loads(json.dumps(parts))
     del engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     path.write_text(json.dumps(parts, indent=2) + "\n")
     for p in parts:
-        log(f"costs: batch {p['batch']}: plain step {p['target_ms']:.3f} ms, c {p['c']:.3f}, "
+        log(f"costs: T {p['temperature']:g}, batch {p['batch']}: plain step {p['target_ms']:.3f} ms, c {p['c']:.3f}, "
             + ", ".join(f"v({g}) {v:.3f}" for g, v in p["v"].items()))
     return parts
 
@@ -280,13 +283,16 @@ def device_name(device: str) -> str:
 
 
 def predicted(row: dict, parts: list[dict]) -> float | None:
-    """E/(γc + v) at the row's concurrency (the step costs of the nearest measured batch size at or above it)."""
+    """E/(γc + v) at the row's concurrency and temperature (the step costs of the nearest measured batch size at or
+    above it, greedy or sampled like the row)."""
     from specops.engine.gamma import predicted_speedup
 
     g = row["gamma"]
     if not isinstance(g, int) or g == 0 or not row.get("acceptance"):
         return None
-    p = next((p for p in parts if p["batch"] >= row["concurrency"]), parts[-1])
+    sampled = row["temperature"] > 0
+    same = [p for p in parts if (p.get("temperature", 0.0) > 0) == sampled] or parts  # older files: greedy only
+    p = next((p for p in same if p["batch"] >= row["concurrency"]), same[-1])
     return predicted_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"], p["v"][str(g)])
 
 
@@ -362,9 +368,11 @@ def print_tables(doc: dict) -> None:
               f"mean acceptance length {after['mean_acceptance_length']:.2f} at γ = {after['gamma']}")
     if doc.get("costs"):
         print("\nstep costs (relative to a plain 1-token step at the same batch size)")
-        print(f"{'batch':>5} {'plain ms':>9} {'c':>6} " + " ".join(f"{'v(' + g + ')':>7}" for g in doc["costs"][0]["v"]))
+        print(f"{'T':<4}{'batch':>5} {'plain ms':>9} {'c':>6} "
+              + " ".join(f"{'v(' + g + ')':>7}" for g in doc["costs"][0]["v"]))
         for p in doc["costs"]:
-            print(f"{p['batch']:>5} {p['target_ms']:>9.3f} {p['c']:>6.3f} " + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
+            print(f"{p.get('temperature', 0.0):<4g}{p['batch']:>5} {p['target_ms']:>9.3f} {p['c']:>6.3f} "
+                  + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
     if doc.get("grid"):
         print("\nT    c  γ    tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms   E2E p50/p99 ms  acc   MAL  speedup [95% CI]"
               "       goodput  pred  meas/pred  decode  dec/pred  TTFT share")

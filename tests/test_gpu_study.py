@@ -38,6 +38,24 @@ def test_the_study_recipe_is_the_fixture_recipe_scaled_up():
     assert per_layer * STUDY.num_layers + embeddings >= 150e6
 
 
+def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_batch_size():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_study", REPO / "benchmarks" / "gpu_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    greedy = [{"temperature": 0.0, "batch": b, "c": 0.05, "v": {"3": 1.1}} for b in (1, 8)]
+    sampled = [{"temperature": 0.7, "batch": b, "c": 0.1, "v": {"3": 1.5 if b == 8 else 9.0}} for b in (1, 8)]
+
+    def row(t):
+        return {"gamma": 3, "concurrency": 4, "temperature": t, "acceptance": {"mean_acceptance_length": 3.0}}
+
+    assert study.predicted(row(0.0), greedy + sampled) == pytest.approx(3 / (3 * 0.05 + 1.1))
+    assert study.predicted(row(0.7), greedy + sampled) == pytest.approx(3 / (3 * 0.1 + 1.5))
+    assert study.predicted(row(0.7), greedy) == pytest.approx(3 / (3 * 0.05 + 1.1))  # costs measured greedy only
+    assert study.predicted({**row(0.0), "gamma": 0}, greedy) is None
+
+
 def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
     prompts = [[1, 5, 9, 14, 20], [1, 30, 31]]
     params = SamplingParams(temperature=0.0, max_tokens=24)
@@ -53,6 +71,9 @@ def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
             assert p["v"][g] == pytest.approx(p["verify_ms"][g] / p["target_ms"])
             assert p["round_ms"][g] >= p["verify_ms"][g] * 0.5  # a round verifies, then drafts
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # its slots were free again
+    sampled = measure_parts(engine.runner, [3], [4], context=64, temperature=0.7)
+    assert sampled[0]["temperature"] == 0.7 and sampled[0]["v"][3] > 0 and sampled[0]["c"] >= 0
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # sampling state overwritten again
 
 
 @pytest.mark.timeout(900)
@@ -69,7 +90,7 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert m["parameters"] > 0 and set(m["target"]) >= {"valid_rate", "field_accuracy"}
     assert (work / "models" / "target-merged" / "model.safetensors").is_file()
     assert doc["draft"]["acceptance"]["after"]["gamma"] == 3
-    assert [p["batch"] for p in doc["costs"]] == [1, 4]
+    assert [(p["temperature"], p["batch"]) for p in doc["costs"]] == [(0.0, 1), (0.0, 4), (0.7, 1), (0.7, 4)]
     points = {(r["temperature"], r["concurrency"], r["gamma"]) for r in doc["grid"]}
     assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}
     for r in doc["grid"]:

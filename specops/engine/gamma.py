@@ -135,22 +135,26 @@ def _timed(fn, device, samples: int = 5, min_s: float = 0.004) -> float:
     return best
 
 
-def _round_timer(runner, b: int, context: int):
-    """A function timing one greedy round of ``b`` rows at ``context`` tokens, verifying w drafts and drafting g:
-    as the engine runs it (a CUDA-graph replay where graphs are used, else eager), on free slots whose state later
-    prefills overwrite."""
+def _round_timer(runner, b: int, context: int, temperature: float = 0.0):
+    """A function timing one round of ``b`` rows at ``context`` tokens, verifying w drafts and drafting g, greedy or
+    sampling at ``temperature``: as the engine runs it (a CUDA-graph replay where graphs are used, else eager), on
+    free slots whose state later prefills overwrite."""
     from specops.engine.model_runner import Mode
+    from specops.engine.sampling import SamplingParams
 
     dev = runner.device
     slots = torch.arange(b, device=dev)
+    mode = Mode(sampled=temperature > 0)
+    if mode.sampled:
+        runner.sampling.admit(list(range(b)), [SamplingParams(temperature=temperature)] * b)
 
     def timed(w: int, g: int) -> float:
         def one():
             runner.ctx_len[slots] = context  # the same context every time
             if runner.use_graphs:
-                runner._replay(b, Mode(), w, g)
+                runner._replay(b, mode, w, g)
             else:
-                runner._round(b, Mode(), w, g)
+                runner._round(b, mode, w, g)
 
         runner.row_slots[:b] = slots
         return _timed(one, dev, samples=3)
@@ -164,18 +168,21 @@ def _reset(runner) -> None:
 
 
 @torch.inference_mode()
-def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: int = 256) -> list[dict[str, Any]]:
+def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: int = 256,
+                  temperature: float = 0.0) -> list[dict[str, Any]]:
     """The step costs of the speculative-decoding model, per batch size, in milliseconds and relative to a plain
     1-token target step: ``target_ms``; per γ, ``verify_ms``/``v`` (the target forward over γ + 1 tokens with its
     verification, drafting nothing) and ``round_ms`` (the whole round: verify, then draft γ); ``draft_ms``/``c``
     (one draft step: the round's time beyond verification, over γ, at the largest γ). Then γ·c + v(γ) is the
-    round's measured cost, and ``predicted_speedup`` turns a measured acceptance length into a throughput ratio."""
+    round's measured cost, and ``predicted_speedup`` turns a measured acceptance length into a throughput ratio.
+    With ``temperature`` > 0 every step samples (distributions, the rejection test), which greedy steps skip."""
     context = min(context, runner.model.rotary.cos.shape[0] - 2 * (max(gammas) + 1))
     out = []
     for b in batch_sizes:
-        timed = _round_timer(runner, b, context)
+        timed = _round_timer(runner, b, context, temperature)
         target = timed(0, 0)
-        row: dict[str, Any] = {"batch": b, "target_ms": target * 1e3, "verify_ms": {}, "round_ms": {}, "v": {}}
+        row: dict[str, Any] = {"batch": b, "temperature": temperature, "target_ms": target * 1e3, "verify_ms": {},
+                               "round_ms": {}, "v": {}}
         for g in gammas:
             verify_s, round_s = timed(g, 0), timed(g, g)
             row["verify_ms"][g], row["round_ms"][g], row["v"][g] = verify_s * 1e3, round_s * 1e3, verify_s / target
