@@ -93,16 +93,21 @@ def test_writes_a_loadable_draft_with_report(target, prompts_file, baseline):
     assert int(draft.t2d.sum()) == 64 and report["target"] == os.path.relpath(target.resolve(), out.resolve())
 
 
-def test_interrupted_run_resumes_to_the_same_weights(target, prompts_file, baseline, tmp_path):
-    source = pipeline.Source("file", str(prompts_file))
+def stop_at(job_: pipeline.Job, stage: str, step: int) -> None:
+    """Run ``job_`` until its progress reports ``step`` of ``stage``, and stop it there as Ctrl-C would."""
 
-    def stop_at_step_3(stage, done, total, fields):
-        if stage == "train" and done == 3:
+    def stop(name, done, total, fields):
+        if name == stage and done == step:
             raise KeyboardInterrupt
 
-    out = tmp_path / "b"
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run(job(target, out, source), stop_at_step_3)
+        pipeline.run(job_, stop)
+
+
+def test_interrupted_run_resumes_to_the_same_weights(target, prompts_file, baseline, tmp_path):
+    source = pipeline.Source("file", str(prompts_file))
+    out = tmp_path / "b"
+    stop_at(job(target, out, source), "train", 3)
     partial = tmp_path / ".b.partial"
     assert not out.exists() and (partial / "train.pt").is_file()
     shards = {p.name: p.stat().st_mtime_ns for p in (partial / "data").glob("*-*")}
@@ -124,14 +129,8 @@ def test_a_run_stopped_after_training_reports_the_training_it_resumed_from(targe
     """Stopped in its evaluation, the next call trains nothing and still reports the loss and accuracy of the last
     tenth of the steps, as the uninterrupted run does."""
     source = pipeline.Source("file", str(prompts_file))
-
-    def stop_in_evaluation(stage, done, total, fields):
-        if stage == "evaluate" and done == 1:
-            raise KeyboardInterrupt
-
     out = tmp_path / "e"
-    with pytest.raises(KeyboardInterrupt):
-        pipeline.run(job(target, out, source), stop_in_evaluation)
+    stop_at(job(target, out, source), "evaluate", 1)
     report = pipeline.run(job(target, out, source))
     done = baseline[1]["training"]
     assert report["training"]["resumed_at"] == done["steps"]
