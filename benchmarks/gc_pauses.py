@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -40,18 +39,13 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_and_load(args) -> dict:
     """One variant, in this process: the server here, the load from a child ``specops bench``."""
     import gc
 
     import uvicorn
 
+    from specops.backends.process import free_port
     from specops.engine.engine import Engine
     from specops.serve.app import create_app
     from specops.serve.server import build_state, settle_heap

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -47,12 +46,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--timeout-s", type=float, default=600.0, help="the whole run's limit (default 600)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     return ap.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -206,6 +199,8 @@ def checks(res: dict, args) -> dict[str, bool]:
 
 
 def main() -> int:
+    from specops.backends.process import free_port
+
     args = parse()
     port = free_port()
     cmd = [sys.executable, "-m", "specops", "serve", "--model", str(args.model), "--draft", str(args.draft),
