@@ -48,7 +48,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--hf-new-tokens", type=int, default=128, help="new tokens per transformers generate call")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: fixtures,hf,steps,eager,profile,ablation,peaked")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated parts to skip: fixtures,engine (the 8B-shaped model: every part after "
+                         "fixtures),hf,steps,eager,profile,ablation,peaked")
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu.json (default: $OUT, else .)")
     return ap.parse_args()
 
@@ -105,7 +107,8 @@ def copy_bandwidth(device) -> dict:
 
 
 def fixture_check(device) -> dict:
-    """Greedy γ = 3 (domain draft) vs γ = 0 on 32 held-out queries, float32, on ``device``."""
+    """Greedy γ = 3 (domain draft) vs γ = 0 on 32 held-out queries, float32, on ``device``; and γ = 3 with CUDA
+    graphs (padded prefills and rounds) vs without (every step eager, unpadded)."""
 
     from specops.engine.engine import Engine
     from specops.engine.sampling import SamplingParams
@@ -133,6 +136,12 @@ def fixture_check(device) -> dict:
         out[name] = {"identical": same, "of": len(prompts), "plain_tok_s": tokens / rows["plain"][1],
                      "spec_tok_s": tokens / rows["spec"][1], "speedup": rows["plain"][1] / rows["spec"][1]}
     out["acceptance"] = spec.stats.to_dict(per_position=True)
+    eager = Engine.load(root / "target-merged", draft=root / "draft-domain", gamma=3, device=device, max_batch=32,
+                        max_seq_len=512, cuda_graphs=False)
+    graphed = rows["spec"][0]  # batch 32, the last pass above
+    unpadded = [o for i in range(0, len(prompts), 32) for o in eager.generate(prompts[i : i + 32], params)]
+    out["graphs_vs_eager"] = {"identical": sum(a.token_ids == b.token_ids for a, b in zip(graphed, unpadded)),
+                              "of": len(prompts)}
     return out
 
 
@@ -455,6 +464,9 @@ def table(data: dict) -> str:
             r = fx[k]
             lines.append(f"fixtures fp32 {k}: γ=3 identical {r['identical']}/{r['of']}, {r['spec_tok_s']:.0f} vs "
                          f"{r['plain_tok_s']:.0f} tok/s ({r['speedup']:.2f}×)")
+        if "graphs_vs_eager" in fx:
+            lines.append(f"fixtures fp32 γ=3 CUDA graphs vs eager: identical {fx['graphs_vs_eager']['identical']}/"
+                         f"{fx['graphs_vs_eager']['of']}")
     eng = data.get("engine")
     hf = {r["batch"]: r["tok_s"] for r in (data.get("hf") or {}).get("rows", [])}
     if eng:
@@ -507,13 +519,24 @@ def main() -> None:
     REPORT.part("bandwidth", copy_bandwidth, device)
     if "fixtures" not in skip:
         REPORT.part("fixtures", fixture_check, device)
+    out_dir = args.out or Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if "engine" not in skip:
+        eight_b(args, device, skip, out_dir)
+    (out_dir / "gpu.json").write_text(json.dumps(REPORT.data, indent=2, default=str) + "\n", encoding="utf-8")
+    print(table(REPORT.data))
+    print(f"wrote {out_dir / 'gpu.json'}")
+
+
+def eight_b(args, device, skip: set, out_dir: Path) -> None:
+    """Every part on the Llama-3.1-8B-shaped model."""
+    import torch
+
     dtype = torch.bfloat16
     t0 = time.perf_counter()
     hf, ours, draft, cfg = build_models(TINY if args.tiny else LLAMA_8B, device, dtype)
     print(f"[build] {time.perf_counter() - t0:.1f} s, {weight_bytes(ours) / 1e9:.2f} GB of weights read per step",
           flush=True)
-    out_dir = args.out or Path(os.environ.get("OUT", "."))
-    out_dir.mkdir(parents=True, exist_ok=True)
     engines: dict = {}
     ctx = args.prompt_len + args.new_tokens // 2
     with torch.inference_mode():
@@ -529,9 +552,6 @@ def main() -> None:
     engines.clear()
     if "hf" not in skip:
         REPORT.part("hf", hf_runs, hf, cfg, args, device)
-    (out_dir / "gpu.json").write_text(json.dumps(REPORT.data, indent=2, default=str) + "\n", encoding="utf-8")
-    print(table(REPORT.data))
-    print(f"wrote {out_dir / 'gpu.json'}")
 
 
 if __name__ == "__main__":

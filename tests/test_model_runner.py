@@ -10,7 +10,7 @@ from engine_helpers import bigram_draft, make_target
 from scipy.stats import kstest
 
 from specops.engine.engine import Engine
-from specops.engine.model_runner import buckets
+from specops.engine.model_runner import buckets, prefill_shape, prefill_shapes
 from specops.engine.sampling import SamplingParams, logits_to_probs, sample_from, uniforms
 from specops.engine.verify import verify
 from specops.models import kernels
@@ -59,10 +59,13 @@ def test_bucket_padding_never_changes_outputs(target, gamma, temperature):
 @pytest.mark.parametrize("gamma", [0, 3])
 def test_overlapped_rounds_give_the_synchronous_outputs(target, gamma):
     """Queuing each round before reading the last (what CUDA does): more requests than slots, so requests join
-    while others run and finished ones get a round nobody reads; outputs and counters are unchanged."""
+    while others run and finished ones get a round nobody reads, and prefills are read a step late; outputs and
+    counters are unchanged."""
     model_dir, hf = target
     ps = prompts(11, seed=2)
-    params = [SamplingParams(temperature=0.7 if i % 3 else 0.0, max_tokens=5 + 2 * i, seed=i) for i in range(11)]
+    # Some end on their first token, which overlapped steps read only after the request joined the next round.
+    params = [SamplingParams(temperature=0.7 if i % 3 else 0.0, max_tokens=1 if i % 4 == 1 else 5 + 2 * i, seed=i)
+              for i in range(11)]
     sync = build(model_dir, hf, gamma)
     assert not sync.overlap
     overlapped = build(model_dir, hf, gamma, overlap=True)
@@ -84,6 +87,33 @@ def test_fused_path_equals_the_reference_path(target, gamma, monkeypatch):
     fused = build(model_dir, hf, gamma, bucket_padding=True)
     assert fused.runner.fused and not fused.runner.use_graphs
     assert run(fused, ps, params) == reference
+
+
+def test_prefill_shapes_hold_the_prompts_and_a_padding_token():
+    assert prefill_shapes(8)[:4] == [(16, 1), (32, 2), (64, 4), (128, 8)] and prefill_shapes(8)[-1] == (2048, 8)
+    assert prefill_shape([15], 8) == (16, 1)
+    assert prefill_shape([16], 8) == (32, 2)  # a full bucket leaves no token for padding rows to point at
+    assert prefill_shape([3, 4], 8) == (32, 2) and prefill_shape([3, 4, 2], 8) == (64, 4)
+    assert prefill_shape([1] * 8, 8) == (128, 8) and prefill_shape([1] * 9, 8) is None
+    assert prefill_shape([2047], 8) == (2048, 8) and prefill_shape([2048], 8) is None
+
+
+@pytest.mark.skipif(not kernels.available(), reason="Triton is not installed")
+def test_padded_prefills_overlapped_equal_the_reference_path(target, monkeypatch):
+    """Prefills padded to the token buckets CUDA graphs replay (eight prompts, then the rest as slots free up),
+    read a step late, and a top-k row that takes the unpadded path: the torch path's tokens."""
+    model_dir, hf = target
+    ps = prompts(10, seed=7)
+    params = [SamplingParams(temperature=0.8 if i % 2 else 0.0, top_k=5 if i == 8 else 0, max_tokens=2 + i % 3,
+                             seed=i) for i in range(len(ps))]
+    reference = run(build(model_dir, hf, 3), ps, params)
+    monkeypatch.setenv("SPECOPS_FUSED_KERNELS", "1")
+    padded = build(model_dir, hf, 3, bucket_padding=True, overlap=True)
+    staged = []
+    stage = padded.runner._stage_prefill
+    padded.runner._stage_prefill = lambda shape, slots, prompts: staged.append(shape) or stage(shape, slots, prompts)
+    assert run(padded, ps, params) == reference
+    assert staged[0] == (128, 8) and len(staged) >= 2
 
 
 def test_uniforms_are_a_function_of_seed_round_and_index():

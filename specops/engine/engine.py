@@ -7,7 +7,9 @@ the drafter's steps, whatever the number of requests.
 
 With ``overlap`` (the default on CUDA) a step queues the next round on the device before it reads the result of
 the round queued by the step before, so the device never waits for the host's bookkeeping; a request's output
-then arrives one step after its round ran, and a request that finished gets one more round nobody reads.
+then arrives one step after its round ran, and a request that finished gets one more round nobody reads. A
+prefill is read one step late too: its requests join the next round (the device holds their first tokens) before
+the host has seen their first token.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class Engine:
         self.scheduler = Scheduler(max_batch, max_seq_len, self.vocab_size, self.eos_token_ids, tokenizer)
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: tuple[list[Request], Pending] | None = None  # a round queued, its result not read yet
+        self._admitting: tuple[list[Request], Pending] | None = None  # a prefill queued, its first tokens not read
         self.stats = SpecStats()
         self._ids = itertools.count()
         self._grammars = None  # compiled on first use by ``constraint``
@@ -153,23 +156,38 @@ class Engine:
         """Admit waiting requests (prefill, first token, first drafts) and advance the others by one round."""
         outputs: list[StepOutput] = []
         previous, self._inflight = self._inflight, None
+        admitting, self._admitting = self._admitting, None
         decoding = self.scheduler.decoding()
         constraints = _constraints(decoding)
         overlapped = bool(decoding) and self.overlap and constraints is None
         if overlapped:  # queue this round before reading the last one
             self._inflight = decoding, self._launch(decoding, None)
+        if admitting is not None:  # first tokens before the tokens of any round that ran after them
+            self._first_tokens(*admitting, outputs)
         if previous is not None:
             self._finish(*previous, outputs)
         admitted = self.scheduler.admit()
         if admitted:
-            first = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],
-                                        [r.params for r in admitted], _constraints(admitted),
-                                        self._gamma_for(len(self.scheduler.running)))
-            for r, tok in zip(admitted, first):
-                self.scheduler.emit(r, [tok], outputs)
+            admit_constraints = _constraints(admitted)
+            pending = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],
+                                          [r.params for r in admitted], admit_constraints,
+                                          self._gamma_for(len(self.scheduler.running)))
+            if self.overlap and admit_constraints is None:
+                self._admitting = admitted, pending
+            else:
+                self._first_tokens(admitted, pending, outputs)
         if decoding and not overlapped and previous is None:
-            self._finish(decoding, self._launch(decoding, constraints), outputs)
+            # Without the slots of requests that ended on their first token: they may belong to new requests now.
+            decoding = [r for r in decoding if self.scheduler.running.get(r.slot) is r]
+            if decoding:
+                self._finish(decoding, self._launch(decoding, _constraints(decoding)), outputs)
         return outputs
+
+    def _first_tokens(self, admitted: list[Request], pending: Pending, outputs: list[StepOutput]) -> None:
+        """Emit a prefill's first tokens for the requests still running (not aborted since)."""
+        for r, tok in zip(admitted, pending.read()):
+            if self.scheduler.running.get(r.slot) is r:
+                self.scheduler.emit(r, [tok], outputs)
 
     def _launch(self, reqs: list[Request], constraints: list | None) -> Pending:
         return self.runner.launch([r.slot for r in reqs], Mode.of([r.params for r in reqs]), constraints,

@@ -35,7 +35,9 @@ from specops.engine.sampling import SamplingParams, SamplingState, logits_to_pro
 from specops.engine.verify import verify
 from specops.models import attention, kernels
 from specops.models.eagle3 import Eagle3Draft
+from specops.models.attention import PACKED_BLOCK
 from specops.models.llama import LlamaForCausalLM, Rotary
+from specops.models.ops import upload
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,17 @@ class Mode:
 
 @dataclass
 class Pending:
-    """A launched round: its rows' slots and where its result lands on the host (ready once ``done``)."""
+    """A launched round or prefill: where its result lands on the host (ready once ``done``)."""
 
-    slots: list[int]
-    host: torch.Tensor  # [rows, 2 + (w + 1) + w] for a round w drafts wide: n, the length, the tokens, the drafts
+    host: torch.Tensor  # a round w drafts wide: [rows, 2 + (w + 1) + w] (n, the length, the tokens, the drafts);
+    # a prefill: [rows], the first tokens
     done: object = field(default=None)  # a CUDA event, or None when the result is already there
+
+    def read(self) -> list:
+        """The result as lists (waits for the device)."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
 
 
 @dataclass
@@ -73,6 +81,42 @@ def buckets(max_batch: int) -> list[int]:
     """Padded batch sizes a graph is captured for: powers of two up to ``max_batch``, and ``max_batch``."""
     sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
     return sizes + [max_batch]
+
+
+PREFILL_TOKENS = [16 << i for i in range(8)]  # 16 … 2048: the token counts a prefill graph is captured for
+
+
+def prefill_shapes(max_rows: int) -> list[tuple[int, int]]:
+    """The captured prefills' shapes: (tokens n, rows r) for each n of ``PREFILL_TOKENS``, with room for
+    r = min(``max_rows``, n / 16) prompts."""
+    return [(n, min(max_rows, n // PACKED_BLOCK)) for n in PREFILL_TOKENS]
+
+
+def prefill_shape(lengths: list[int], max_rows: int) -> tuple[int, int] | None:
+    """The smallest captured prefill that holds prompts of these lengths and at least one padding token (the one
+    padding rows point at: a row's last token is written to, and must be its own); None when none does."""
+    return next(((n, r) for n, r in prefill_shapes(max_rows) if sum(lengths) < n and len(lengths) <= r), None)
+
+
+def prefill_layout(n: int, r: int) -> list[int]:
+    """Sizes of a captured prefill's inputs in its input buffer: tokens, their slots and positions [n]; the
+    sequences' slots, first token indices and lengths [r + 1, the last one always empty]; the query blocks'
+    sequences and first offsets [n / 16 + r: the most blocks n tokens of r prompts make]; each row's last token [r]."""
+    blocks = n // PACKED_BLOCK + r
+    return [n, n, n, r + 1, r + 1, r + 1, blocks, blocks, r]
+
+
+class HostBuffers:
+    """A pair of pinned host buffers used in turn: one result is read while the copy into the other is queued."""
+
+    def __init__(self, size: int, pinned: bool):
+        self.buffers = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self.turn = 0
+
+    def next(self, n: int) -> torch.Tensor:
+        buf = self.buffers[self.turn][:n]
+        self.turn ^= 1
+        return buf
 
 
 class ModelRunner:
@@ -114,44 +158,76 @@ class ModelRunner:
         self._steps = torch.arange(self.width + 1, device=dev)
         self._graphs: dict[tuple[int, Mode, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
-        # Host buffers in pairs, used in turn: one round's are read or written while the other round's copies are
-        # still queued. Pinned, so a copy is queued without waiting for the device.
+        # Host buffers, pinned, so a copy is queued without waiting for the device: rounds' results, their row
+        # slots, prefills' first tokens.
         pinned = self.device.type == "cuda"
-        self._host = [torch.zeros(max_batch * (2 * self.width + 3), dtype=torch.long, pin_memory=pinned)
-                      for _ in range(2)]
-        self._rows = [torch.zeros(max_batch, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self._turn = 0
+        self._host = HostBuffers(max_batch * (2 * self.width + 3), pinned)
+        self._rows = HostBuffers(max_batch, pinned)
+        self._first = HostBuffers(max_batch, pinned)
+        # Captured prefills read their inputs from one device buffer, laid out per shape by ``prefill_layout``.
+        self._prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int | None]] = {}
+        if self.buckets is not None and self.fused:
+            self._prefill_in = torch.zeros(sum(prefill_layout(PREFILL_TOKENS[-1], max_batch)), dtype=torch.long,
+                                           device=dev)
+            self._zeros = torch.zeros(max_batch + 1, dtype=torch.long, device=dev)
 
     # -- prefill ------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]], params: list[SamplingParams],
-                constraints: list | None = None, gamma: int | None = None) -> list[int]:
+                constraints: list | None = None, gamma: int | None = None) -> Pending:
         """Admit requests into ``slots``: write their prompts to the caches, sample each first token, draft the
-        first drafts (``gamma`` free ones, default the runner's γ). Returns the first tokens."""
-        b, dev = len(slots), self.device
+        first drafts (``gamma`` free ones, default the runner's γ). Queued on the device like a round; the first
+        tokens are the pending result (``Pending.read``). With bucket padding on the fused path a prefill that fits
+        a token bucket (``prefill_shape``) is padded to it, and with CUDA graphs replays the one captured for it;
+        grammar rows and top-k / top-p rows run unpadded."""
         g = self.gamma if gamma is None else gamma
+        mode = Mode.of(params)
         self.sampling.admit(slots, params)
-        lens = torch.tensor([len(p) for p in prompts], device=dev)
-        slot_t = torch.tensor(slots, device=dev)
+        shape = None
+        if self.buckets is not None and self.fused and constraints is None and not mode.filtering:
+            shape = prefill_shape([len(p) for p in prompts], self.scratch)
+        if shape is None:
+            first, drafted = self._prefill_eager(slots, prompts, mode, constraints, g)
+        elif self.use_graphs:
+            key = (shape, mode, g)
+            if key not in self._prefill_graphs:
+                self._prefill_graphs[key] = self._capture_prefill(*key)
+            self._stage_prefill(shape, slots, prompts)
+            graph, out, drafted = self._prefill_graphs[key]
+            graph.replay()
+            first = out[: len(slots)]
+        else:  # the same padded prefill, run eagerly (how the CPU checks what the graphs replay)
+            self._stage_prefill(shape, slots, prompts)
+            first, drafted = self._prefill_body(*self._prefill_views(shape), mode, g)
+            first = first[: len(slots)]
+        if drafted is not None:
+            self._note_drafts(slots, drafted)
+        return self._to_host(first, self._first)
+
+    def _prefill_eager(self, slots, prompts, mode, constraints, g):
+        dev = self.device
+        lens = upload([len(p) for p in prompts], torch.long, dev)
+        slot_t = upload(slots, torch.long, dev)
         if self.fused:  # packed: no padding anywhere
-            flat = [t for p in prompts for t in p]
-            tokens = torch.tensor(flat, device=dev).unsqueeze(0)
+            tokens = upload([t for p in prompts for t in p], torch.long, dev).unsqueeze(0)
             meta = attention.TritonAttention.packed(slots, [len(p) for p in prompts], dev)
             last = lens.cumsum(0) - 1
         else:  # rows padded to the longest prompt (the torch path reads keys by row)
-            t = max(len(p) for p in prompts)
-            tokens = torch.zeros(b, t, dtype=torch.long, device=dev)
-            for i, p in enumerate(prompts):
-                tokens[i, : len(p)] = torch.tensor(p, device=dev)
+            b, t = len(prompts), max(len(p) for p in prompts)
+            tokens = upload([p + [0] * (t - len(p)) for p in prompts], torch.long, dev)
             meta = attention.TorchAttention.build(slot_t, torch.arange(t, device=dev).expand(b, t))
             last = torch.arange(b, device=dev) * t + lens - 1
+        return self._prefill_body(tokens, meta, last, lens, slot_t, mode, g, constraints)
+
+    def _prefill_body(self, tokens, meta, last, lens, slot_t, mode: Mode, g: int, constraints=None):
+        """A prefill's device work: returns the first tokens [R] and what the rows drafted (their count, or per
+        row a tensor of counts; None without a proposer). Device work only unless ``constraints``."""
         logits, taps = self.model(tokens, self.cache, meta, self.tap_layers, logits_at=last)
         if constraints is not None:
             for i, c in enumerate(constraints):
                 if c is not None:
                     mask_logits_(logits[i], c.mask())
-        mode = Mode.of(params)
         temperature, top_k, top_p = self.sampling.rows(slot_t)
         u = self.sampling.draw(slot_t, 1 + self.width) if mode.sampled else None
         if mode.sampled:
@@ -160,16 +236,48 @@ class ModelRunner:
             first = logits.argmax(dim=-1)
         self.ctx_len[slot_t] = lens
         self.last_token[slot_t] = first
-        if self.proposer is not None:
-            shifted = torch.cat([tokens[:, 1:], tokens.new_zeros(tokens.shape[0], 1)], dim=1).reshape(-1)
-            shifted[last] = first  # the token after each prompt's last position
-            guides = None
-            if constraints is not None:
-                guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
-            inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
-                             None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
-            self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
-        return first.tolist()
+        if self.proposer is None:
+            return first, None
+        shifted = torch.cat([tokens[:, 1:], tokens.new_zeros(tokens.shape[0], 1)], dim=1).reshape(-1)
+        shifted[last] = first  # the token after each prompt's last position
+        guides = None
+        if constraints is not None:
+            guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
+        inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
+                         None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
+        drafts, probs, lengths = self.proposer.propose(inp, self._meta_for)
+        self._store_drafts(slot_t, drafts, probs, lengths)
+        return first, (drafts.shape[1] if lengths is None else lengths)
+
+    def _stage_prefill(self, shape: tuple[int, int], slots: list[int], prompts: list[list[int]]) -> None:
+        """Write a bucketed prefill's inputs into the captured graphs' input buffer, in one host-to-device copy:
+        the prompts packed back to back, then padding that writes only the scratch slot (see ``prefill_layout``)."""
+        n, r = shape
+        lens = [len(p) for p in prompts]
+        starts = [sum(lens[:i]) for i in range(len(lens))]
+        blocks = [(i, q0) for i, k in enumerate(lens) for q0 in range(0, k, PACKED_BLOCK)]
+        pad_tok, pad_seq, pad_blk = n - sum(lens), r + 1 - len(lens), n // PACKED_BLOCK + r - len(blocks)
+        values = ([t for p in prompts for t in p] + [0] * pad_tok
+                  + [s for s, k in zip(slots, lens) for _ in range(k)] + [self.scratch] * pad_tok
+                  + [i for k in lens for i in range(k)] + [0] * pad_tok
+                  + slots + [self.scratch] * pad_seq
+                  + starts + [0] * pad_seq
+                  + lens + [0] * pad_seq
+                  + [i for i, _ in blocks] + [r] * pad_blk  # padding blocks belong to the empty sequence r
+                  + [q0 for _, q0 in blocks] + [0] * pad_blk
+                  + [s + k - 1 for s, k in zip(starts, lens)] + [n - 1] * (r - len(lens)))  # n - 1: padding
+        self._prefill_in[: len(values)].copy_(upload(values, torch.long, self.device), non_blocking=True)
+
+    def _prefill_views(self, shape: tuple[int, int]):
+        """The captured prefill's inputs for ``shape``, as views of the input buffer (``_stage_prefill`` fills it
+        in this order): tokens [1, n], attention metadata, last [r], lengths [r], slots [r]."""
+        n, r = shape
+        sizes = prefill_layout(n, r)
+        parts = list(torch.split(self._prefill_in[: sum(sizes)], sizes))
+        tokens, tok_slot, tok_pos, seq_slot, seq_start, seq_len, blk_seq, blk_q0, last = parts
+        meta = attention.TritonAttention(tok_slot, tok_pos, seq_slot, self._zeros[: r + 1], seq_start, seq_len,
+                                         blk_seq, blk_q0, PACKED_BLOCK)
+        return tokens.view(1, n), meta, last, seq_len[:r], seq_slot[:r]
 
     # -- decode rounds ------------------------------------------------------------------------------------------
 
@@ -179,9 +287,7 @@ class ModelRunner:
 
     def collect(self, pending: Pending) -> Round:
         """Wait for a launched round and read its result."""
-        if pending.done is not None:
-            pending.done.synchronize()
-        host = pending.host.tolist()
+        host = pending.read()
         w = (pending.host.shape[1] - 3) // 2
         return Round([r[0] for r in host], [r[2 : w + 3] for r in host], [r[w + 3 : w + 3 + r[1]] for r in host])
 
@@ -195,7 +301,7 @@ class ModelRunner:
         g = self.gamma if gamma is None else gamma
         padded = b if self.buckets is None else next(s for s in self.buckets if s >= b)
         rows = slots + [self.scratch] * (padded - b)
-        staged = self._rows[self._turn][:padded]
+        staged = self._rows.next(padded)
         staged.copy_(torch.tensor(rows))
         self.row_slots[:padded].copy_(staged, non_blocking=True)
         counts = [self.draft_len[s] for s in slots]  # the pending drafts of each row (host side)
@@ -210,14 +316,17 @@ class ModelRunner:
                 result = self._round(padded, mode, w, g, ragged)
             for s in slots:
                 self.draft_len[s] = g
+        return self._to_host(result[:b], self._host)
+
+    def _to_host(self, result: torch.Tensor, buffers: HostBuffers) -> Pending:
+        """Queue a step's one transfer back to the host (on the CPU the result is already there)."""
         if self.device.type != "cuda":
-            return Pending(slots, result[:b])
-        host = self._host[self._turn][: result[:b].numel()].view(b, -1)
-        self._turn ^= 1
-        host.copy_(result[:b], non_blocking=True)  # the round's one transfer back to the host
+            return Pending(result)
+        host = buffers.next(result.numel()).view(result.shape)
+        host.copy_(result, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Pending(slots, host, done)
+        return Pending(host, done)
 
     def _meta_for(self, slots: torch.Tensor, positions: torch.Tensor):
         return attention.for_rows(self.fused, slots, positions)
@@ -261,15 +370,17 @@ class ModelRunner:
                 guides = [c.drafting(e) if c is not None else None for c, e in zip(constraints, emitted)]
             inp = DraftInput(out, taps, meta, index * (w + 1) + n, positions[index, n], rows, temperature, top_k,
                              top_p, u_draft, g, mode.filtering, guides)
-            self._store_drafts(slots, *self.proposer.propose(inp, self._meta_for))
+            proposed, probs, drafted = self.proposer.propose(inp, self._meta_for)
+            self._store_drafts(rows, proposed, probs, drafted)
+            if slots is not None:
+                self._note_drafts(slots, proposed.shape[1] if drafted is None else drafted)
         counts = torch.full_like(n, w) if lengths is None else lengths
         return torch.cat([n.unsqueeze(1), counts.unsqueeze(1), out, drafts], dim=1)
 
-    def _store_drafts(self, slots: list[int] | None, drafts: torch.Tensor, probs: torch.Tensor | None,
+    def _store_drafts(self, rows: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None,
                       lengths: torch.Tensor | None) -> None:
-        """Pending drafts for the next verification; their distributions only matter to sampling rows. ``slots``
-        (host side) when the drafts' lengths vary or differ from γ (``lengths``; None: every row drafted γ)."""
-        rows = self.row_slots[: drafts.shape[0]] if slots is None else torch.tensor(slots, device=self.device)
+        """Pending drafts of ``rows`` (slots) for the next verification; their distributions only matter to
+        sampling rows; ``lengths``: each row's count (None: every row drafted as many as ``drafts`` is wide)."""
         w = drafts.shape[1]
         self.drafts[rows, :w] = drafts
         if probs is not None:
@@ -278,10 +389,12 @@ class ModelRunner:
             self.draft_count.index_fill_(0, rows, w)
         else:
             self.draft_count[rows] = lengths
-        if slots is not None:
-            counts = [w] * len(slots) if lengths is None else lengths.tolist()
-            for s, k in zip(slots, counts):
-                self.draft_len[s] = k
+
+    def _note_drafts(self, slots: list[int], drafted: int | torch.Tensor) -> None:
+        """The host's copy of the slots' draft counts (one count for all, or a tensor of one per slot)."""
+        counts = [drafted] * len(slots) if isinstance(drafted, int) else drafted.tolist()
+        for s, k in zip(slots, counts):
+            self.draft_len[s] = k
 
     # -- CUDA graphs --------------------------------------------------------------------------------------------
 
@@ -289,15 +402,18 @@ class ModelRunner:
         """Capture, before any request arrives, every round decoding replays: every bucket, greedy and sampled,
         verifying drafts of any γ in ``gammas`` and drafting any γ in ``gammas`` (a switch of γ is a round of its
         own), so no request waits for a capture (rounds that filter with top-k / top-p are captured on first
-        use)."""
+        use); and every prefill shape, greedy and sampled, drafting any γ in ``gammas``."""
         if not self.use_graphs:
             return
-        for b in self.buckets or []:
-            for mode in (Mode(), Mode(sampled=True)):
-                for w in gammas:
-                    for g in gammas:
+        for mode in (Mode(), Mode(sampled=True)):
+            for g in gammas:
+                for b in self.buckets or []:
+                    for w in gammas:
                         if (b, mode, w, g) not in self._graphs:
                             self._graphs[(b, mode, w, g)] = self._capture(b, mode, w, g)
+                for shape in prefill_shapes(self.scratch):
+                    if (shape, mode, g) not in self._prefill_graphs:
+                        self._prefill_graphs[(shape, mode, g)] = self._capture_prefill(shape, mode, g)
 
     def _replay(self, b: int, mode: Mode, w: int, g: int) -> torch.Tensor:
         key = (b, mode, w, g)
@@ -309,19 +425,34 @@ class ModelRunner:
 
     def _capture(self, b: int, mode: Mode, w: int, g: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture one round for ``b`` rows verifying up to ``w`` drafts (each row's own count, read on the device
-        at replay) and drafting ``g``. The warm-up run (kernel compilation, library handles) uses padding rows only,
-        so no request's state moves; capturing itself runs nothing."""
+        at replay) and drafting ``g``, over padding rows only, so no request's state moves."""
         live = self.row_slots[:b].clone()
         self.row_slots[:b].fill_(self.scratch)
+        graph, out = self._graph(lambda: self._round(b, mode, w, g, ragged=True))
+        self.row_slots[:b].copy_(live)
+        return graph, out
+
+    def _capture_prefill(self, shape: tuple[int, int], mode: Mode, g: int
+                         ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int | None]:
+        """Capture a prefill of ``shape`` drafting ``g``, over padding only (every token in the scratch slot, every
+        sequence empty). Returns the graph, its first tokens [r] and the rows' draft count."""
+        self._stage_prefill(shape, [], [])
+        views = self._prefill_views(shape)
+        graph, (first, drafted) = self._graph(lambda: self._prefill_body(*views, mode, g))
+        return graph, first, drafted
+
+    def _graph(self, step):
+        """``step()`` (device work only) captured as a CUDA graph, after one warm-up run on a side stream (kernel
+        compilation, library handles); returns the graph and what ``step`` returned while captured. Every graph
+        shares one memory pool: they never run at the same time."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._round(b, mode, w, g, ragged=True)
+            step()
         torch.cuda.current_stream().wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._round(b, mode, w, g, ragged=True)
-        self.row_slots[:b].copy_(live)
+            out = step()
         return graph, out

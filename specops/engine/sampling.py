@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specops.errors import SpecopsError
+from specops.models.ops import upload
 
 
 @dataclass
@@ -72,13 +73,13 @@ class SamplingState:
 
     def admit(self, slots: list[int], params: list[SamplingParams]) -> None:
         dev = self.seed.device
-        idx = torch.tensor(slots, dtype=torch.long, device=dev)
-        self.temperature[idx] = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+        idx = upload(slots, torch.long, dev)
+        self.temperature[idx] = upload([p.temperature for p in params], torch.float32, dev)
         # A top_k beyond any vocabulary keeps every token, like no limit; capped so any int fits the int64 buffer.
-        self.top_k[idx] = torch.tensor([min(p.top_k, 1 << 31) for p in params], dtype=torch.long, device=dev)
-        self.top_p[idx] = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-        self.seed[idx] = torch.tensor([p.stream_seed() for p in params], dtype=torch.long, device=dev)
-        self.round[idx] = 0
+        self.top_k[idx] = upload([min(p.top_k, 1 << 31) for p in params], torch.long, dev)
+        self.top_p[idx] = upload([p.top_p for p in params], torch.float32, dev)
+        self.seed[idx] = upload([p.stream_seed() for p in params], torch.long, dev)
+        self.round.index_fill_(0, idx, 0)
 
     def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """temperature, top_k, top_p of the given slots."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from specops.models import kernels
 from specops.models.kv_cache import KVCache
+from specops.models.ops import upload
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -67,6 +68,9 @@ class TorchAttention:
         return out.transpose(1, 2).reshape(b * t, -1)
 
 
+PACKED_BLOCK = 16  # query tokens per attention block of a packed prefill
+
+
 @dataclass
 class TritonAttention:
     """Packed query tokens: per token its cache slot and position; per sequence its slot, first position, first
@@ -96,14 +100,14 @@ class TritonAttention:
                    max(1, 1 << (t - 1).bit_length()), split=True)
 
     @classmethod
-    def packed(cls, slots: list[int], lengths: list[int], device, block_t: int = 16) -> "TritonAttention":
+    def packed(cls, slots: list[int], lengths: list[int], device, block_t: int = PACKED_BLOCK) -> "TritonAttention":
         """Whole prompts back to back (prefill without padding): sequence i has ``lengths[i]`` tokens at positions
         0.. in cache slot ``slots[i]``."""
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         blocks = [(i, q0) for i, n in enumerate(lengths) for q0 in range(0, n, block_t)]
         tok_slot = [s for s, n in zip(slots, lengths) for _ in range(n)]
         tok_pos = [p for n in lengths for p in range(n)]
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.long).to(device, non_blocking=True)  # noqa: E731
+        as_t = lambda xs: upload(xs, torch.long, device)  # noqa: E731
         return cls(as_t(tok_slot), as_t(tok_pos), as_t(slots), as_t([0] * len(slots)), as_t(starts), as_t(lengths),
                    as_t([i for i, _ in blocks]), as_t([q0 for _, q0 in blocks]), block_t)
 

@@ -4,6 +4,8 @@ runs, and what training runs) or, for CUDA tensors at inference with Triton avai
 
 Rounding follows the reference implementations: RMSNorm normalises in float32 and rounds to the model dtype before
 the weight multiplies; the residual stream is kept in the model dtype.
+
+``upload`` is how a step's host-side inputs reach the device without waiting for the work already queued there.
 """
 
 from __future__ import annotations
@@ -40,3 +42,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return kernels.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device``. To CUDA it goes through pinned memory, so the copy is queued behind the
+    device's work instead of waiting for it (a copy from pageable memory synchronises the stream); the caching host
+    allocator keeps the pinned block until the copy has run."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
