@@ -27,9 +27,9 @@ before its first token) and writes ``study.json`` with the sweeps' ``results.jso
 
 The exit code is 0 once every stage is complete, 3 while some remain. Where a job may hold the GPU only minutes at a
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
-base, and the next one goes on from it. On an H100 the models took 3.5 minutes (a pretraining step 51 ms, a LoRA
-step 185 ms at batch 96, both bound by kernel launches), the draft under 2, the whole run with the defaults about
-11 minutes.
+base, and the next one goes on from it. On an H100 the models took 3.5–4 minutes (a pretraining step 51 ms, a
+LoRA step 185 ms at batch 96, both bound by kernel launches), the draft about 2, the whole run with the defaults
+about 13 minutes.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def predicted(row: dict, parts: list[dict]) -> float | None:
     from specops.engine.gamma import predicted_speedup
 
     g = row["gamma"]
-    if not isinstance(g, int) or g == 0 or not row.get("acceptance"):
+    if not isinstance(g, int) or g == 0 or not row.get("acceptance") or not parts:
         return None
     sampled = row["temperature"] > 0
     same = [p for p in parts if (p.get("temperature", 0.0) > 0) == sampled] or parts  # older files: greedy only

@@ -54,6 +54,7 @@ def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_
     assert study.predicted(row(0.7), greedy + sampled) == pytest.approx(3 / (3 * 0.1 + 1.5))
     assert study.predicted(row(0.7), greedy) == pytest.approx(3 / (3 * 0.05 + 1.1))  # costs measured greedy only
     assert study.predicted({**row(0.0), "gamma": 0}, greedy) is None
+    assert study.predicted(row(0.0), []) is None  # no step costs measured (a run cut short before them)
 
 
 def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
