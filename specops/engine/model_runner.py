@@ -2,7 +2,9 @@
 graphs, and runs the two kinds of step the scheduler asks for.
 
 - ``prefill``: new requests' prompts in one forward (packed back to back on the fused CUDA path, padded rows on
-  the torch path), the first token, and the first drafts.
+  the torch path), the first token, and the first drafts. On CUDA the packed prompts are padded to a token
+  bucket and the prefill replays the CUDA graph captured for it (padding tokens and rows write only the scratch
+  slot); its first tokens come back like a round's result, read when the engine is ready for them.
 - ``decode``: one round for the running requests: a target forward over each row's last token and its γ
   drafts, verification (rejection sampling) of all rows at once, then the next γ drafts. State between rounds
   stays on the device in per-slot tensors (the token not yet in the cache, the cache length, the pending drafts
@@ -14,10 +16,10 @@ graph per (batch bucket, sampling mode, drafts verified, drafts proposed) and re
 rounds under ``--gamma auto`` or ``--gamma-schedule``: the rounds that switch are captured at start-up too, and a
 round whose rows hold different numbers of drafts replays the same graph, each row's count read on the device):
 the batch is padded up to its bucket with rows that point at a scratch slot nobody owns, so padding never touches
-a request's cache. Requests under a grammar need host
-work inside the round (masks per draft position), so their rounds run eagerly, as every round does on the CPU;
-with schema-aware drafting their rows also draft different numbers of tokens (γ free ones plus forced runs), so
-such a round is as wide as its longest row and verification knows each row's length.
+a request's cache. Requests under a grammar need host work inside the round (masks per draft position), so their
+rounds run eagerly, as every round does on the CPU; with schema-aware drafting their rows also draft different
+numbers of tokens (γ free ones plus forced runs), so such a round is as wide as its longest row and verification
+knows each row's length.
 
 ``launch`` starts a round and ``collect`` waits for its result, so the engine can queue the next round before
 it reads the last one (the host's bookkeeping then overlaps the device's work). A request that finished in the
