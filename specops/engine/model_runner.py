@@ -196,16 +196,14 @@ class ModelRunner:
             if key not in self._prefill_graphs:
                 self._prefill_graphs[key] = self._capture_prefill(*key)
             self._stage_prefill(shape, slots, prompts)
-            graph, out, drafted = self._prefill_graphs[key]
+            graph, first, drafted = self._prefill_graphs[key]
             graph.replay()
-            first = out[: len(slots)]
         else:  # the same padded prefill, run eagerly (how the CPU checks what the graphs replay)
             self._stage_prefill(shape, slots, prompts)
             first, drafted = self._prefill_body(*self._prefill_views(shape), mode, g)
-            first = first[: len(slots)]
         if drafted is not None:
             self._note_drafts(slots, drafted)
-        return self._to_host(first, self._first)
+        return self._to_host(first[: len(slots)], self._first)  # padded prefills have rows past the prompts
 
     def _prefill_eager(self, slots, prompts, mode, constraints, g):
         dev = self.device
@@ -256,17 +254,16 @@ class ModelRunner:
         the prompts packed back to back, then padding that writes only the scratch slot (see ``prefill_layout``)."""
         n, r = shape
         lens = [len(p) for p in prompts]
-        starts = [sum(lens[:i]) for i in range(len(lens))]
-        blocks = [(i, q0) for i, k in enumerate(lens) for q0 in range(0, k, PACKED_BLOCK)]
-        pad_tok, pad_seq, pad_blk = n - sum(lens), r + 1 - len(lens), n // PACKED_BLOCK + r - len(blocks)
+        tok_slot, tok_pos, starts, blk_seq, blk_q0 = attention.packed_tables(slots, lens)
+        pad_tok, pad_seq, pad_blk = n - sum(lens), r + 1 - len(lens), n // PACKED_BLOCK + r - len(blk_seq)
         values = ([t for p in prompts for t in p] + [0] * pad_tok
-                  + [s for s, k in zip(slots, lens) for _ in range(k)] + [self.scratch] * pad_tok
-                  + [i for k in lens for i in range(k)] + [0] * pad_tok
+                  + tok_slot + [self.scratch] * pad_tok
+                  + tok_pos + [0] * pad_tok
                   + slots + [self.scratch] * pad_seq
                   + starts + [0] * pad_seq
                   + lens + [0] * pad_seq
-                  + [i for i, _ in blocks] + [r] * pad_blk  # padding blocks belong to the empty sequence r
-                  + [q0 for _, q0 in blocks] + [0] * pad_blk
+                  + blk_seq + [r] * pad_blk  # padding blocks belong to the empty sequence r
+                  + blk_q0 + [0] * pad_blk
                   + [s + k - 1 for s, k in zip(starts, lens)] + [n - 1] * (r - len(lens)))  # n - 1: padding
         self._prefill_in[: len(values)].copy_(upload(values, torch.long, self.device), non_blocking=True)
 

@@ -103,13 +103,10 @@ class TritonAttention:
     def packed(cls, slots: list[int], lengths: list[int], device, block_t: int = PACKED_BLOCK) -> "TritonAttention":
         """Whole prompts back to back (prefill without padding): sequence i has ``lengths[i]`` tokens at positions
         0.. in cache slot ``slots[i]``."""
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        blocks = [(i, q0) for i, n in enumerate(lengths) for q0 in range(0, n, block_t)]
-        tok_slot = [s for s, n in zip(slots, lengths) for _ in range(n)]
-        tok_pos = [p for n in lengths for p in range(n)]
+        tok_slot, tok_pos, starts, blk_seq, blk_q0 = packed_tables(slots, lengths, block_t)
         as_t = lambda xs: upload(xs, torch.long, device)  # noqa: E731
         return cls(as_t(tok_slot), as_t(tok_pos), as_t(slots), as_t([0] * len(slots)), as_t(starts), as_t(lengths),
-                   as_t([i for i, _ in blocks]), as_t([q0 for _, q0 in blocks]), block_t)
+                   as_t(blk_seq), as_t(blk_q0), block_t)
 
     def rope(self, rotary, dtype: torch.dtype):
         return rotary
@@ -122,6 +119,16 @@ class TritonAttention:
                                head_dim)
         return kernels.cached_attention(q, k_cache, v_cache, self.seq_slot, self.seq_pos0, self.seq_qstart,
                                         self.seq_qlen, self.blk_seq, self.blk_q0, self.block_t, self.split)
+
+
+def packed_tables(slots: list[int], lengths: list[int], block_t: int = PACKED_BLOCK):
+    """The host-side tables of prompts packed back to back (``TritonAttention.packed``): each token's slot and
+    position, each sequence's first token index, each query block's sequence and first offset."""
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    blocks = [(i, q0) for i, n in enumerate(lengths) for q0 in range(0, n, block_t)]
+    tok_slot = [s for s, n in zip(slots, lengths) for _ in range(n)]
+    tok_pos = [p for n in lengths for p in range(n)]
+    return tok_slot, tok_pos, starts, [i for i, _ in blocks], [q0 for _, q0 in blocks]
 
 
 def for_rows(fused: bool, slots: torch.Tensor, positions: torch.Tensor):
