@@ -48,11 +48,12 @@ def serve_and_load(args) -> dict:
     from specops.backends.process import free_port
     from specops.engine.engine import Engine
     from specops.serve.app import create_app
+    from specops.serve.runner import EngineRunner
     from specops.serve.server import build_state, settle_heap
 
     engine = Engine.load(args.model, draft=args.draft, gamma=args.gamma, max_batch=args.concurrency,
                          device=args.device)
-    app = create_app(build_state(engine, model_name="m", max_seq_len=1024, max_queue=4 * args.concurrency))
+    app = create_app(build_state(EngineRunner(engine), model_name="m", max_seq_len=1024, max_queue=4 * args.concurrency))
     if args.variant == "frozen":
         settle_heap()
     tracked = len(gc.get_objects())  # what a full collection walks (frozen objects are not listed)

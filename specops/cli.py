@@ -125,6 +125,10 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests in flight before answering 429."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Name clients send as 'model' (default: --model as given)."),
+    engine_process: Optional[bool] = typer.Option(
+        None, "--engine-process/--engine-thread",
+        help="Run the engine in a process of its own, so its host work and the HTTP event loop's run in parallel "
+             "(default on CUDA), or on a thread of the server (default on the CPU: one process to start)."),
     drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS,
@@ -137,7 +141,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
                         drafter, gamma_schedule)
-    run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name)
+    run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name,
+               engine_process=engine_process)
 
 
 @app.command()

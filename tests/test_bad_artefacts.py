@@ -174,10 +174,11 @@ def test_engine_load_names_the_file_and_the_mismatch(tmp_path, name):
     ("generate", "draft for a wider target"),
     ("generate", "tokenizer larger than the vocabulary"),
     ("serve", "lora for a wider base"),
+    ("serve --engine-process", "lora for a wider base"),  # the engine process's load error, as the server's
 ])
 def test_cli_reports_one_line_and_exits_2(tmp_path, command, name):
     paths, bad_file, pattern = damaged(tmp_path, name)
-    args = [sys.executable, "-m", "specops", command, "--model", str(paths["model"])]
+    args = [sys.executable, "-m", "specops", *command.split(), "--model", str(paths["model"])]
     args += [a for flag in ("draft", "lora") if paths[flag] for a in (f"--{flag}", str(paths[flag]))]
     if command == "generate":
         (tmp_path / "prompts.jsonl").write_text('{"id": "q1", "query": "red running shoes under 50 dollars"}\n')

@@ -17,11 +17,11 @@ KEY = "sk-test"
 LONG = {"model": "m", "prompt": "Tell me about", "max_tokens": 300, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["--engine-thread", "--engine-process"])
+def server(request):
     port = free_port()
-    proc = start_server(["--model", str(MODEL), "--served-model-name", "m", "--api-key", KEY, "--max-queue", "1"],
-                        port)
+    proc = start_server(["--model", str(MODEL), "--served-model-name", "m", "--api-key", KEY, "--max-queue", "1",
+                         request.param], port)
     yield f"http://127.0.0.1:{port}", proc
     stop_server(proc)
 

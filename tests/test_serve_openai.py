@@ -28,10 +28,11 @@ QUERIES = [
 COMMERCE_FORMAT = {"type": "json_schema", "json_schema": {"name": "commerce_search", "schema": SCHEMA}}
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["--engine-thread", "--engine-process"])
+def server(request):
     port = free_port()
-    proc = start_server(["--model", str(MODEL), "--served-model-name", NAME, "--max-seq-len", "1024"], port)
+    proc = start_server(["--model", str(MODEL), "--served-model-name", NAME, "--max-seq-len", "1024", request.param],
+                        port)
     yield f"http://127.0.0.1:{port}"
     stop_server(proc)
 

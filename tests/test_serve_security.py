@@ -59,8 +59,9 @@ def routes():
     """(path, method) of every route the real app registers, built by the same code as the server's."""
     from specops.engine.engine import Engine
     from specops.serve.app import create_app
+    from specops.serve.runner import EngineRunner
 
-    state = serve_server.build_state(Engine.from_config(EngineConfig(model=MODEL, max_seq_len=256)),
+    state = serve_server.build_state(EngineRunner(Engine.from_config(EngineConfig(model=MODEL, max_seq_len=256))),
                                      model_name=NAME, max_seq_len=256, max_queue=8)
     try:
         app = create_app(state, api_key=KEY)

@@ -1,4 +1,4 @@
-"""The FastAPI application: OpenAI routes, /health, /metrics, over a running EngineRunner."""
+"""The FastAPI application: OpenAI routes, /health, /metrics, over a running engine runner."""
 
 from __future__ import annotations
 
@@ -19,26 +19,26 @@ from specops.serve.generation import Generation, check_room
 from specops.serve.middleware import AuthMiddleware, MetricsMiddleware
 from specops.serve.prometheus import ServerMetrics
 from specops.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from specops.serve.runner import EngineRunner
+from specops.serve.runner import Runner
 
 DISCONNECT_POLL_S = 0.25
 
 
 @dataclass
 class ServerState:
-    runner: EngineRunner
-    tokenizer: Any
-    grammars: Any  # specops.engine.grammar.Grammars, or None when the engine cannot take constraints
+    runner: Runner
     model_name: str
     max_seq_len: int
-    vocab_size: int
-    eos_token_ids: list[int]  # end a request unless ignore_eos; a grammar's stop tokens
     max_queue: int
     metrics: ServerMetrics
 
     @property
-    def supports_constraints(self) -> bool:
-        return self.grammars is not None
+    def tokenizer(self):
+        return self.runner.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
 
 
 def _check_model(state: ServerState, req: SamplingFields) -> None:

@@ -13,12 +13,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
-from specops.engine.grammar import Constraint, GrammarError
+from specops.engine.grammar import GrammarError
 from specops.errors import SpecopsError
 from specops.serve.detok import Detokenizer
 from specops.serve.errors import APIError
 from specops.serve.protocol import SamplingFields
-from specops.serve.runner import Event
+from specops.serve.runner import Event, Grammar
 
 
 @dataclass
@@ -90,20 +90,18 @@ class Generation:
             seed=None if r.seed is None else r.seed + i,
         )
 
-    async def _constraints(self, count: int) -> list[Optional[Constraint]]:
-        """One grammar constraint per choice (compiled once, off the event loop), or Nones for free text."""
+    async def _grammar(self) -> Grammar:
+        """What each choice's grammar constraint is built from (the format compiled once here, off the event loop,
+        so a bad schema is this request's 400 before anything is queued), or None for free text."""
         fmt = self.req.grammar_format
         if fmt is None:
-            return [None] * count
-        if not self.state.supports_constraints:
-            raise APIError(400, "response_format is not supported by this engine", param="response_format")
-        stops = ([] if self.req.ignore_eos else list(self.state.eos_token_ids)) + list(self.req.stop_token_ids)
-        grammars = self.state.grammars
+            return None
+        runner = self.state.runner
         try:
-            await asyncio.to_thread(grammars.compile, fmt)
-            return [grammars.constraint(fmt, stops) for _ in range(count)]
+            await asyncio.to_thread(runner.grammars.compile, fmt)
         except GrammarError as e:
             raise APIError(400, str(e), param="response_format") from None
+        return fmt, ([] if self.req.ignore_eos else list(runner.eos_token_ids)) + list(self.req.stop_token_ids)
 
     async def start(self) -> None:
         """Submit every choice (n per prompt); raises APIError 429 when the server's queue is full."""
@@ -113,7 +111,7 @@ class Generation:
             raise APIError(400, f"{needed} completions (prompts × n) exceed the server's queue of {state.max_queue}",
                            param="n")
         # Everything that can refuse the request happens before anything is queued.
-        constraints = await self._constraints(needed)
+        grammar = await self._grammar()
         try:
             params = [self._params(j, self.max_tokens[p]) for p in range(len(self.prompts)) for j in range(n)]
         except SpecopsError as e:
@@ -125,8 +123,8 @@ class Generation:
                 for j in range(n):
                     idx = p_idx * n + j
                     rid = f"{self.id}-{idx}"
-                    state.runner.submit(rid, prompt, params[idx], self._queue, tag=idx,
-                                        constraint=constraints[idx], provenance=self.req.provenance)
+                    state.runner.submit(rid, prompt, params[idx], self._queue, tag=idx, grammar=grammar,
+                                        provenance=self.req.provenance)
                     self.choices.append(Choice(idx, p_idx, rid, Detokenizer(state.tokenizer, self.req.stops)))
         except SpecopsError as e:  # shutting down
             for c in self.choices:

@@ -24,23 +24,15 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def build_state(engine, *, model_name: str, max_seq_len: int, max_queue: int):
-    """Server state over a loaded engine (starts its thread)."""
-    import inspect
-
-    from specops.engine.grammar import Grammars
+def build_state(runner, *, model_name: str, max_seq_len: int, max_queue: int):
+    """Server state over an engine runner (``EngineRunner`` or ``EngineProcess``, which it starts)."""
     from specops.serve.app import ServerState
     from specops.serve.prometheus import ServerMetrics
-    from specops.serve.runner import EngineRunner
 
-    takes_constraints = "constraint" in inspect.signature(engine.add_request).parameters
-    grammars = Grammars(engine.tokenizer, engine.vocab_size) if takes_constraints else None
-    runner = EngineRunner(engine)
-    metrics = ServerMetrics(model_name, lambda: engine.stats)
+    metrics = ServerMetrics(model_name, lambda: runner.stats)
     runner.start()
-    return ServerState(runner=runner, tokenizer=engine.tokenizer, grammars=grammars, model_name=model_name,
-                       max_seq_len=max_seq_len, vocab_size=engine.vocab_size, eos_token_ids=list(engine.eos_token_ids),
-                       max_queue=max_queue, metrics=metrics)
+    return ServerState(runner=runner, model_name=model_name, max_seq_len=max_seq_len, max_queue=max_queue,
+                       metrics=metrics)
 
 
 def run_server(
@@ -51,14 +43,15 @@ def run_server(
     api_key: Optional[str] = None,
     max_queue: int = 256,
     served_model_name: Optional[str] = None,
+    engine_process: Optional[bool] = None,
 ) -> None:
     """Serve what ``cfg`` (an EngineConfig) names on host:port; blocks until shut down.
 
     The served name defaults to the model path as given, as vLLM names it, so the same request body works on both.
+    ``engine_process``: run the engine in a process of its own (default: on CUDA) rather than on a thread here.
     """
     import uvicorn
 
-    from specops.engine.engine import Engine
     from specops.serve.app import create_app
 
     if max_queue < 1:
@@ -66,8 +59,18 @@ def run_server(
     if api_key is not None and not API_KEY.fullmatch(api_key):
         # Refused rather than served: no client could ever match such a key (and an empty one once meant no auth).
         raise SpecopsError("--api-key must be visible ASCII characters, without spaces")
-    engine = Engine.from_config(cfg)
-    state = build_state(engine, model_name=served_model_name or str(cfg.model), max_seq_len=cfg.max_seq_len,
+    if engine_process is None:
+        engine_process = cfg.device.startswith("cuda")
+    if engine_process:
+        from specops.serve.engine_process import EngineProcess
+
+        runner = EngineProcess(cfg)
+    else:
+        from specops.engine.engine import Engine
+        from specops.serve.runner import EngineRunner
+
+        runner = EngineRunner(Engine.from_config(cfg))
+    state = build_state(runner, model_name=served_model_name or str(cfg.model), max_seq_len=cfg.max_seq_len,
                         max_queue=max_queue)
     app = create_app(state, api_key=api_key)
     settle_heap()
