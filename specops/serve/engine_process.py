@@ -40,6 +40,7 @@ class EngineProcess(Runner):
         commands_out.close()
         events_in.close()
         self._commands, self._events = commands_in, events_out
+        self._send_lock = threading.Lock()  # the event loop (add, abort) and shutdown (stop) both send
         self._stats = None
         try:
             msg = self._events.recv()
@@ -69,7 +70,8 @@ class EngineProcess(Runner):
 
     def _send(self, cmd: tuple) -> None:
         try:
-            self._commands.send(cmd)
+            with self._send_lock:
+                self._commands.send(cmd)
         except (OSError, ValueError):  # the engine is gone: the reader fails its requests
             pass
 

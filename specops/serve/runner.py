@@ -207,13 +207,16 @@ class Runner:
             if self._stopping or not self.alive:
                 raise SpecopsError("server is shutting down" if self._stopping else "the engine has stopped")
             self._sinks[request_id] = sink
-            self._send(("add", request_id, prompt_ids, params, grammar, provenance))
+        # Sent outside the lock: a send may wait for the engine to read, and the engine may be waiting for the
+        # events reader, which needs the lock to route.
+        self._send(("add", request_id, prompt_ids, params, grammar, provenance))
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its cache slot is freed before the engine's next step."""
         with self._lock:
-            if self._sinks.pop(request_id, None) is not None:
-                self._send(("abort", request_id))
+            known = self._sinks.pop(request_id, None) is not None
+        if known:
+            self._send(("abort", request_id))
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Fail whatever is left and stop the engine."""
@@ -221,7 +224,7 @@ class Runner:
             if self._stopping:
                 return
             self._stopping = True
-            self._send(("stop",))
+        self._send(("stop",))
         self._close(timeout_s)
 
     def _route(self, events: list[tuple[str, Event]]) -> None:
