@@ -129,4 +129,7 @@ def _main(cfg, commands, events) -> None:
         return cmds
 
     core = EngineCore(engine, grammars, lambda pairs: events.send(("events", pairs, engine.stats)))
-    core.run(receive)
+    try:
+        core.run(receive)
+    except (BrokenPipeError, ConnectionResetError):  # the server is gone: nobody to tell
+        pass
