@@ -82,8 +82,9 @@ def test_full_queue_is_429_and_a_disconnect_mid_stream_frees_the_slot(server):
 def test_a_non_streaming_client_that_gives_up_frees_the_slot(server):
     url, _ = server
     before = aborted(url)
+    # 1,000 tokens: more than the engine can produce before the client's timeout, even in a process of its own.
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{url}/v1/completions", json=LONG, headers=auth(), timeout=0.5)
+        httpx.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 1000}, headers=auth(), timeout=0.3)
     assert wait_idle(url) == 0
     assert aborted(url) == before + 1
 
