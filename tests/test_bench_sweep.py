@@ -234,8 +234,9 @@ def test_schedule_device_and_dtype_reach_the_server_and_the_fixed_parameters_onl
 
     base = dict(model=tiny / "target", draft=tiny / "draft", synthetic=4)
     old = SweepConfig(**base).fixed()
-    assert not {"gamma_schedule", "device", "dtype", "waves"} & set(old)  # runs from before these still resume
+    assert not {"gamma_schedule", "device", "dtype", "waves", "client_procs"} & set(old)  # runs from before these still resume
     assert SweepConfig(**base, waves=8).fixed() == {**old, "waves": 8}
+    assert SweepConfig(**base, client_procs=2).fixed() == {**old, "client_procs": 2}
     assert [SweepConfig(**base, waves=8).timed_requests(c) for c in (1, 8, 64)] == [64, 64, 512]
     cfg = SweepConfig(**base, gammas=[0, "schedule"], gamma_schedule=((1, 4, 5), (5, 64, 3)), device="cuda:1",
                       dtype="bf16")
@@ -288,26 +289,45 @@ def overlap(records) -> int:
 
 @pytest.mark.slow
 def test_load_generator_against_the_embedded_server(tiny):
+    """Closed and open loop, in one process and spread over two: every request once, never more in flight than the
+    concurrency, and (greedy) the same answers whichever process sent them."""
     from specops.backends import BackendConfig, start_backend
     from specops.bench import loadgen
     from specops.bench.workload import from_dataset, ordered
 
     pool = from_dataset(tiny / "prompts.jsonl")
+    texts = {}
     with start_backend(BackendConfig(kind="embedded", model=tiny / "target", max_batch=4)) as server:
-        for rate, conc in ((None, 1), (None, 3), (50.0, 2)):
+        for rate, conc, procs in ((None, 1, 1), (None, 3, 1), (50.0, 2, 1), (None, 3, 2), (50.0, 2, 2)):
             spec = loadgen.LoadSpec(server.base_url, server.model_name, concurrency=conc, temperature=0.0,
-                                    max_tokens=6, rate=rate)
-            res = loadgen.run(ordered(pool, 9, seed=0), spec)
+                                    max_tokens=6, rate=rate, procs=procs)
+            seen = []
+            res = loadgen.run(ordered(pool, 9, seed=0), spec, lambda n_in, n_done: seen.append((n_in, n_done)))
             recs = res.records
             assert [r.idx for r in recs] == list(range(9)) and all(r.ok for r in recs)
             assert overlap(recs) <= conc
+            assert seen[-1] == (0, 9) and max(n for n, _ in seen) <= conc
             assert res.duration_s == pytest.approx(max(r.start_s + r.e2e_s for r in recs))
+            assert min(r.start_s for r in recs) >= 0
             for r in recs:
                 assert r.tokens_from == "usage" and 1 <= r.output_tokens <= 6 and r.prompt_tokens > 0
                 assert 0 < r.ttft_s <= r.e2e_s
                 assert len(r.itl_s) + 1 <= r.output_tokens  # one gap per text chunk after the first
                 assert r.ttft_s + sum(r.itl_s) <= r.e2e_s + 1e-9
                 assert r.text and r.finish_reason in ("stop", "length")
+            texts[(rate, conc, procs)] = [r.text for r in recs]
+    assert texts[(None, 3, 2)] == texts[(None, 3, 1)] == texts[(None, 1, 1)]
+    assert texts[(50.0, 2, 2)] == texts[(50.0, 2, 1)]
+
+
+def test_client_processes_one_per_16_clients_within_half_the_cores(monkeypatch):
+    from specops.bench.loadgen import client_procs
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert [client_procs(c) for c in (1, 16, 17, 32, 64, 512)] == [1, 1, 2, 2, 4, 8]
+    assert client_procs(64, requested=3) == 3 and client_procs(2, requested=8) == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert client_procs(64) == 1
 
 
 @pytest.mark.slow

@@ -46,6 +46,7 @@ class SweepConfig:
     synthetic: Optional[int] = None
     num_prompts: int = 64
     waves: int = 0  # at least waves × concurrency timed requests per configuration (0: num_prompts alone)
+    client_procs: int = 0  # load generator processes (0: one per 16 clients, at most half the cores)
     max_tokens: int = 128
     warmup: int = 2
     seed: int = 0
@@ -119,7 +120,7 @@ class SweepConfig:
             raise SpecopsError("give exactly one of --dataset FILE.jsonl or --synthetic N")
         for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-tokens", self.max_tokens, 1),
                                  ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0), ("--gpus", self.gpus, 1),
-                                 ("--waves", self.waves, 0)):
+                                 ("--waves", self.waves, 0), ("--client-procs", self.client_procs, 0)):
             if value < low:
                 raise SpecopsError(f"{name} must be at least {low}, got {value}")
         if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
@@ -166,6 +167,7 @@ class SweepConfig:
             **({"device": self.device} if self.device != "cpu" else {}),
             **({"dtype": self.dtype} if self.dtype != "float32" else {}),
             **({"waves": self.waves} if self.waves else {}),
+            **({"client_procs": self.client_procs} if self.client_procs else {}),
         }
 
     def timed_requests(self, concurrency: int) -> int:

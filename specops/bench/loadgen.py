@@ -3,6 +3,9 @@
 Closed loop (no rate): ``concurrency`` clients, each sends its next request when its last one returns.
 Open loop (``rate``): seeded Poisson arrivals at ``rate`` requests/s, at most ``concurrency`` in flight (as
 ``vllm bench serve --request-rate R --max-concurrency C``); a request's clock starts when it is actually sent.
+At high request rates the clients are spread over several processes (``client_procs``) that start together; closed-loop
+clients of all of them take prompts from one shared counter, open-loop arrivals are dealt out in turn and the in-flight
+cap is split between them.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import multiprocessing as mp
+import os
+import queue
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -19,6 +25,7 @@ import numpy as np
 
 from specops.bench.record import RequestRecord
 from specops.bench.workload import Prompt
+from specops.errors import SpecopsError
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class LoadSpec:
     timeout_s: float = 300.0
     provenance: bool = False  # ask the server (specops) for each answer's draft provenance
     response_format: Optional[dict] = None  # sent with every request (a json_schema constraint)
+    procs: int = 0  # client processes (0: client_procs' choice)
 
 
 @dataclass(frozen=True)
@@ -124,47 +132,132 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 
-async def _run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progress]) -> LoadResult:
+async def _clients(prompts: list[Prompt], spec: LoadSpec, clients: int, take: Callable[[], Optional[int]],
+                   arrivals: Optional[list[tuple[int, float]]], t0: Optional[float],
+                   changed: Callable[[int, int], None]) -> list[RequestRecord]:
+    """``clients`` closed-loop clients, each taking the next prompt index from ``take()`` (None: none left); or, with
+    ``arrivals`` ((index, seconds after t0) pairs), open loop with at most ``clients`` in flight. ``t0``: the
+    ``perf_counter`` the timed phase starts at (None: now). ``changed(in_flight, finished)`` follows progress."""
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    limits = httpx.Limits(max_connections=spec.concurrency, max_keepalive_connections=spec.concurrency)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
     records: list[RequestRecord] = []
     in_flight = 0
 
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
 
-        async def one(idx: int, p: Prompt) -> None:
+        async def one(idx: int) -> None:
             nonlocal in_flight
             in_flight += 1
-            if progress:
-                progress(in_flight, len(records))
-            rec = await send(client, spec, idx, p, t0)
+            changed(in_flight, len(records))
+            rec = await send(client, spec, idx, prompts[idx], t0)
             in_flight -= 1
             records.append(rec)
-            if progress:
-                progress(in_flight, len(records))
+            changed(in_flight, len(records))
 
-        if spec.rate is None:
-            queue = iter(enumerate(prompts))
-
+        if arrivals is None:
             async def client_loop() -> None:
-                for idx, p in queue:  # the shared iterator hands each client the next prompt
-                    await one(idx, p)
+                while (idx := take()) is not None:
+                    await one(idx)
 
-            await asyncio.gather(*(client_loop() for _ in range(min(spec.concurrency, len(prompts)))))
+            await asyncio.gather(*(client_loop() for _ in range(clients)))
         else:
-            arrivals = arrival_times(len(prompts), spec.rate, spec.seed)
-            gate = asyncio.Semaphore(spec.concurrency)
+            gate = asyncio.Semaphore(clients)
 
-            async def arrive(idx: int, p: Prompt, at: float) -> None:
+            async def arrive(idx: int, at: float) -> None:
                 await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
                 async with gate:
-                    await one(idx, p)
+                    await one(idx)
 
-            await asyncio.gather(*(arrive(i, p, a) for (i, p), a in zip(enumerate(prompts), arrivals)))
-    records.sort(key=lambda r: r.idx)
-    return LoadResult(records, max((r.start_s + r.e2e_s for r in records), default=0.0))
+            await asyncio.gather(*(arrive(i, a) for i, a in arrivals))
+    return records
+
+
+def client_procs(concurrency: int, requested: int = 0) -> int:
+    """Processes the clients are spread over: ``requested``, or when 0 one per 16 clients, at most half the cores.
+
+    One Python process streaming SSE spends a few milliseconds of CPU per request (HTTP, JSON, timestamps); at the
+    hundreds of requests a second a GPU serves a small model at, one process would be the ceiling the benchmark
+    measures instead of the server's."""
+    n = requested or min(-(-concurrency // 16), max(1, (os.cpu_count() or 1) // 2))
+    return max(1, min(n, concurrency))
+
+
+def _share(total: int, parts: int, i: int) -> int:
+    return total // parts + (i < total % parts)
+
+
+def _worker(prompts, spec, clients, arrivals, counter, start, t0, status, results, w) -> None:
+    """One client process: waits for the common start, then runs its clients. Closed-loop clients of every process
+    take indices from the one shared counter: each prompt is sent once, in order, by whichever client is free
+    first, as in one process."""
+    def take() -> Optional[int]:
+        with counter.get_lock():
+            idx = counter.value
+            if idx >= len(prompts):
+                return None
+            counter.value += 1
+            return idx
+
+    def changed(in_flight: int, finished: int) -> None:
+        status[2 * w], status[2 * w + 1] = in_flight, finished
+
+    gc.collect()
+    gc.freeze()
+    results.put(("ready", w, None))
+    start.wait()
+    try:
+        records = asyncio.run(_clients(prompts, spec, clients, take, arrivals, t0.value, changed))
+        results.put(("done", w, records))
+    except BaseException as e:  # reported to the parent, which raises it with the worker's number
+        results.put(("error", w, f"{type(e).__name__}: {e}"))
+
+
+def _run_procs(prompts: list[Prompt], spec: LoadSpec, procs: int, progress: Optional[Progress]) -> list[RequestRecord]:
+    ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (progress bars)
+    counter, start, t0 = ctx.Value("l", 0), ctx.Event(), ctx.Value("d", 0.0)
+    status, results = ctx.Array("l", 2 * procs), ctx.Queue()
+    arrivals = None
+    if spec.rate is not None:
+        arrivals = list(enumerate(arrival_times(len(prompts), spec.rate, spec.seed)))
+    workers = [ctx.Process(target=_worker, daemon=True, name=f"specops-client-{w}", args=(
+        prompts, spec, _share(spec.concurrency, procs, w), arrivals and arrivals[w::procs], counter, start, t0,
+        status, results, w)) for w in range(procs)]
+    for p in workers:
+        p.start()
+    try:
+        records: list[RequestRecord] = []
+        waiting, ready = set(range(procs)), 0
+        while waiting:
+            try:
+                kind, w, data = results.get(timeout=0.1)
+            except queue.Empty:
+                dead = [p.name for p in workers if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SpecopsError(f"load generator process {dead[0]} died") from None
+                if progress and ready == procs:
+                    progress(sum(status[0::2]), sum(status[1::2]))
+                continue
+            if kind == "ready":
+                ready += 1
+                if ready == procs:
+                    t0.value = time.perf_counter()
+                    start.set()
+            elif kind == "error":
+                raise SpecopsError(f"load generator process {w} failed: {data}")
+            else:
+                records += data
+                waiting.discard(w)
+        if progress:
+            progress(0, len(records))
+        return records
+    finally:
+        start.set()
+        for p in workers:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
 
 
 def run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progress] = None) -> LoadResult:
@@ -172,9 +265,18 @@ def run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progress] = No
 
     What the process holds already is kept out of the garbage collector's reach while it runs: a full collection
     pauses the client, and a pause while tokens arrive would be recorded as the server's latency."""
-    gc.collect()
-    gc.freeze()
-    try:
-        return asyncio.run(_run(prompts, spec, progress))
-    finally:
-        gc.unfreeze()
+    procs = client_procs(spec.concurrency, spec.procs)
+    if procs > 1:
+        records = _run_procs(prompts, spec, procs, progress)
+    else:
+        order = iter(range(len(prompts)))
+        arrivals = None if spec.rate is None else list(enumerate(arrival_times(len(prompts), spec.rate, spec.seed)))
+        gc.collect()
+        gc.freeze()
+        try:
+            records = asyncio.run(_clients(prompts, spec, min(spec.concurrency, len(prompts)),
+                                           lambda: next(order, None), arrivals, None, progress or (lambda *_: None)))
+        finally:
+            gc.unfreeze()
+    records.sort(key=lambda r: r.idx)
+    return LoadResult(records, max((r.start_s + r.e2e_s for r in records), default=0.0))

@@ -48,7 +48,8 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
     spec = loadgen.LoadSpec(base_url=server.base_url, model=server.model_name, concurrency=point.concurrency,
                             temperature=point.temperature, max_tokens=cfg.max_tokens, rate=cfg.rate, seed=cfg.seed,
                             api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos, provenance=cfg.provenance,
-                            timeout_s=cfg.request_timeout_s, response_format=cfg.response_format)
+                            timeout_s=cfg.request_timeout_s, response_format=cfg.response_format,
+                            procs=cfg.client_procs)
     if cfg.warmup:
         warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
         if not any(r.ok for r in warm.records):
