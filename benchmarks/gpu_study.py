@@ -29,7 +29,7 @@ The exit code is 0 once every stage is complete, 3 while some remain. Where a jo
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
 base, and the next one goes on from it. On an H100 the models took 3.5–4 minutes (a pretraining step 51 ms, a
 LoRA step 185 ms at batch 96, both bound by kernel launches), the draft about 2, the whole run with the defaults
-about 13 minutes.
+about 12 minutes.
 """
 
 from __future__ import annotations
