@@ -89,7 +89,8 @@ def main() -> int:
     chunks = np.array([r["chunks_per_request"] for r in runs])
     long = max(runs, key=lambda r: r["chunks_per_request"])["chunks_per_request"]
     fits = {}
-    print(f"{'process':<8} {'ms a request':>13} {'µs a chunk':>11} {'ceiling req/s':>14}  (at {long:.0f} chunks a request)")
+    print(f"{'process':<8} {'ms a request':>13} {'µs a chunk':>11} {'ceiling req/s':>14}"
+          f"  (at {long:.0f} chunks a request)")
     for name in ("api", "engine", "client"):
         y = np.array([r["cpu_ms_per_request"][name] for r in runs])
         per_chunk, fixed = np.polyfit(chunks, y, 1)
