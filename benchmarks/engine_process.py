@@ -18,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,31 +43,14 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-class Servers:
-    """One ``specops serve`` per mode for one γ, both kept up while the points alternate between them."""
+def configs(args, gamma: int) -> dict:
+    """One ``specops serve`` per mode for one γ, with the same model and flags."""
+    from specops.backends import BackendConfig
 
-    def __init__(self, args, gamma: int):
-        from specops.backends.process import ServerProcess, free_port
-
-        self.urls, self.procs = {}, []
-        for mode in MODES:
-            port = free_port()
-            argv = [sys.executable, "-m", "specops", "serve", "--model", str(args.model), "--gamma", str(gamma),
-                    "--device", args.device, "--dtype", args.dtype, "--max-batch", str(args.max_batch),
-                    "--port", str(port), "--served-model-name", "m", f"--engine-{mode}"]
-            if gamma:
-                argv += ["--draft", str(args.draft)]
-            proc = ServerProcess(argv, cwd=REPO, name=f"serve-{mode}")
-            self.procs.append(proc)
-            proc.wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=600)
-            self.urls[mode] = f"http://127.0.0.1:{port}/v1"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for proc in self.procs:
-            proc.stop()
+    return {mode: BackendConfig(kind="embedded", model=args.model, draft=args.draft if gamma else None, gamma=gamma,
+                                device=args.device, dtype=args.dtype, max_batch=args.max_batch,
+                                served_model_name="m", engine_process=mode == "process", startup_timeout_s=600)
+            for mode in MODES}
 
 
 def load(args, url: str, gamma: int, concurrency: int) -> dict:
@@ -77,18 +61,22 @@ def load(args, url: str, gamma: int, concurrency: int) -> dict:
 
 
 def main() -> int:
+    from specops.backends import start_backend
+
     args = parse()
     gammas = [int(g) for g in args.gammas.split(",")]
     conc = [int(c) for c in args.concurrency.split(",")]
     args.max_batch = args.max_batch or max(conc)
     rows = []
     for gamma in gammas:
-        with Servers(args, gamma) as servers:
+        with ExitStack() as stack:  # both servers stay up while the points alternate between them
+            urls = {mode: stack.enter_context(start_backend(cfg)).base_url
+                    for mode, cfg in configs(args, gamma).items()}
             for c in conc:
                 runs: dict[str, list[dict]] = {m: [] for m in MODES}
                 for _ in range(args.repeats):
                     for mode in MODES:
-                        runs[mode].append(load(args, servers.urls[mode], gamma, c))
+                        runs[mode].append(load(args, urls[mode], gamma, c))
                 row = {"gamma": gamma, "concurrency": c}
                 for mode in MODES:
                     row[mode] = {

@@ -50,28 +50,23 @@ def cpu(proc: psutil.Process) -> float:
 
 
 def main() -> int:
-    from specops.backends.process import ServerProcess, free_port
+    from specops.backends import BackendConfig, start_backend
     from specops.bench import loadgen, workload
 
     args = parse()
     lengths = [int(x) for x in args.max_tokens.split(",")]
-    port = free_port()
-    argv = [sys.executable, "-m", "specops", "serve", "--model", str(args.model), "--gamma", str(args.gamma),
-            "--device", args.device, "--dtype", args.dtype, "--max-batch", str(args.concurrency), "--port", str(port),
-            "--served-model-name", "m", "--engine-process"]
-    if args.gamma:
-        argv += ["--draft", str(args.draft)]
-    server = ServerProcess(argv, cwd=REPO, name="serve")
+    cfg = BackendConfig(kind="embedded", model=args.model, draft=args.draft if args.gamma else None, gamma=args.gamma,
+                        device=args.device, dtype=args.dtype, max_batch=args.concurrency, served_model_name="m",
+                        engine_process=True, startup_timeout_s=600)
     runs = []
-    try:
-        server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout_s=600)
-        api = psutil.Process(server.proc.pid)
+    with start_backend(cfg) as server:
+        api = psutil.Process(server.process.proc.pid)
         engine = max(api.children(recursive=True), key=cpu)  # the spawned engine (beside a resource tracker)
         pool = workload.synthetic(args.requests, 0)
         prompts = workload.ordered(pool, args.requests, 0)
         for _ in range(args.repeats):
             for mt in lengths:
-                spec = loadgen.LoadSpec(f"http://127.0.0.1:{port}/v1", "m", concurrency=args.concurrency,
+                spec = loadgen.LoadSpec(server.base_url, server.model_name, concurrency=args.concurrency,
                                         temperature=0.0, max_tokens=mt, procs=1)
                 a0, e0, c0, w0 = cpu(api), cpu(engine), time.process_time(), time.perf_counter()
                 recs = loadgen.run(prompts, spec).records
@@ -84,8 +79,6 @@ def main() -> int:
                 print(f"max_tokens {mt}: {runs[-1]['chunks_per_request']:.1f} chunks a request, CPU ms a request "
                       + ", ".join(f"{k} {v:.2f}" for k, v in runs[-1]["cpu_ms_per_request"].items()),
                       file=sys.stderr, flush=True)
-    finally:
-        server.stop()
     chunks = np.array([r["chunks_per_request"] for r in runs])
     long = max(runs, key=lambda r: r["chunks_per_request"])["chunks_per_request"]
     fits = {}

@@ -184,6 +184,17 @@ def test_vllm_adapter_mode_serves_the_adapter_under_the_model_name(tmp_path):
     assert cfg.model_name == "model+lora"
 
 
+def test_embedded_command_names_the_engine_layout_only_when_asked(tmp_path):
+    from specops.backends import embedded
+
+    cfg = BackendConfig(kind="embedded", model=tmp_path, served_model_name="m")
+    layouts = {}
+    for choice in (None, True, False):
+        cfg.engine_process = choice
+        layouts[choice] = {a for a in embedded.command(cfg, 1) if a.startswith("--engine-")}
+    assert layouts == {None: set(), True: {"--engine-process"}, False: {"--engine-thread"}}
+
+
 def test_missing_vllm_python_is_a_clear_error(tmp_path):
     cfg = BackendConfig(kind="vllm", model=_model_dir(tmp_path), vllm_python=tmp_path / "nope")
     with pytest.raises(SpecopsError, match="vLLM python not found"):

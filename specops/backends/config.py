@@ -44,6 +44,7 @@ class BackendConfig:
     max_batch: int = 16
     device: str = "cpu"  # device and dtype: the embedded engine's
     dtype: str = "float32"
+    engine_process: Optional[bool] = None  # embedded: --engine-process / --engine-thread (None: serve's default)
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None: a free port
     stop_grace_s: float = 20.0

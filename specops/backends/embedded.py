@@ -13,6 +13,8 @@ def command(cfg: BackendConfig, port: int) -> list[str]:
             "--port", str(port), "--served-model-name", cfg.model_name]
     if cfg.api_key:
         argv += ["--api-key", cfg.api_key]
+    if cfg.engine_process is not None:
+        argv.append("--engine-process" if cfg.engine_process else "--engine-thread")
     return argv
 
 
