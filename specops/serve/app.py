@@ -151,6 +151,7 @@ async def _run(request: Request, state: ServerState, req: SamplingFields, prompt
 def create_app(state: ServerState, api_key: Optional[str] = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        state.runner.start()
         yield
         state.runner.stop()  # uvicorn has drained in-flight requests by now
 

@@ -3,7 +3,8 @@
 The engine is not thread-safe, so one ``EngineCore`` owns it: it applies the queued additions and aborts between
 steps, steps while requests are pending, and reports every step's output. It runs on a thread of the server's
 process (``EngineRunner``, here) or in a process of its own (``specops.serve.engine_process``, the default on
-CUDA): there the engine's host work and the event loop's no longer take turns on one interpreter lock.
+CUDA): there the engine's host work and the event loop's no longer take turns on one interpreter lock. The app
+starts either on its event loop.
 
 Either way the API side keeps one sink per engine request (the asyncio queue of its HTTP request) and hands a
 step's events to them through an ``Outbox``: one wake-up per event loop until that loop has run, and while it is
@@ -146,7 +147,14 @@ class Outbox:
                     batch[key][1].absorb(event)
                 else:
                     batch[key] = (sink.queue, event)
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for loop in wake:
+            if loop is here:  # posted from the loop itself (the engine process's reader): no self-pipe wake-up
+                loop.call_soon(self._flush, loop)
+                continue
             try:
                 loop.call_soon_threadsafe(self._flush, loop)
             except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
@@ -285,4 +293,5 @@ class EngineRunner(Runner):
         return cmds
 
     def _close(self, timeout_s: float) -> None:
-        self._thread.join(timeout_s)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)

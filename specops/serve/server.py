@@ -25,12 +25,12 @@ def settle_heap() -> None:
 
 
 def build_state(runner, *, model_name: str, max_seq_len: int, max_queue: int):
-    """Server state over an engine runner (``EngineRunner`` or ``EngineProcess``, which it starts)."""
+    """Server state over an engine runner (``EngineRunner`` or ``EngineProcess``; the app starts it on its event
+    loop)."""
     from specops.serve.app import ServerState
     from specops.serve.prometheus import ServerMetrics
 
     metrics = ServerMetrics(model_name, lambda: runner.stats)
-    runner.start()
     return ServerState(runner=runner, model_name=model_name, max_seq_len=max_seq_len, max_queue=max_queue,
                        metrics=metrics)
 
