@@ -6,7 +6,8 @@ goes on where it stopped when started again:
 1. ``models``: the fixture recipe scaled up (``recipe.STUDY``: a ≈ 158 M-parameter Llama, head_dim 64, bf16
    weights), base + LoRA + merged target trained on the GPU, and the target's task quality on the held-out queries.
 2. ``draft``: its domain EAGLE-3 draft, self-distilled from the target's own greedy answers (training-time test).
-3. ``grid``: ``specops sweep`` through the real server (``specops serve --device cuda --dtype bfloat16``): γ 0/1/3/5
+3. ``grid``: ``specops sweep`` through the real server (``specops serve --device cuda --dtype bfloat16
+   --api-procs 4``: one HTTP process cannot stream what this model generates at high concurrency): γ 0/1/3/5
    × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs, each
    point at least 8 closed-loop waves long (``sweep --waves``: one wave of 64 requests is a third of a second);
    γ 0 and 3 (the goals' points) first, then the step costs (4), then the same sweep resumed with γ 1 and 5.
@@ -68,6 +69,9 @@ def parse() -> argparse.Namespace:
                     help="at least this many × concurrency timed requests per configuration (default 8)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
     ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
+    ap.add_argument("--api-procs", type=int, default=None,
+                    help="HTTP processes of the server (serve --api-procs; default 4, 1 with --tiny): one cannot "
+                         "stream what a small model on a GPU generates at concurrency 64")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
 
@@ -100,14 +104,14 @@ def settings(args):
         draft = dict(prompts=40, epochs=1.0, batch_size=8, lr=3e-3, vocab=256, max_new_tokens=24, eval_prompts=4,
                      max_batch=8)
         sweep = dict(gammas=[0, 3], concurrency=[1, 4], temperatures=[0.0, 0.7], num_prompts=6, waves=2,
-                     max_tokens=16, repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32")
+                     max_tokens=16, repeats=2, warmup=1, parts_batches=[1, 4], dtype="float32", api_procs=1)
     else:
         recipe = STUDY
         draft = dict(prompts=4000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32,
                      max_batch=64)
         sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100, waves=8,
-                     max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16")
-    for key in ("num_prompts", "waves", "max_tokens", "repeats"):
+                     max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16", api_procs=4)
+    for key in ("num_prompts", "waves", "max_tokens", "repeats", "api_procs"):
         if getattr(args, key) is not None:
             sweep[key] = getattr(args, key)
     return recipe, draft, sweep
@@ -236,7 +240,8 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
            "--gamma", gammas, "--concurrency", ",".join(map(str, s["concurrency"])), "--temperature", temperatures,
            "--repeats", str(repeats), "--dataset", str(prompts), "--num-prompts", str(s["num_prompts"]),
            "--waves", str(s["waves"]), "--max-tokens", str(s["max_tokens"]), "--warmup", str(s["warmup"]),
-           "--seed", str(args.seed), "--device", args.device, "--dtype", s["dtype"], "--resume", *extra]
+           "--seed", str(args.seed), "--device", args.device, "--dtype", s["dtype"], "--api-procs", str(s["api_procs"]),
+           "--resume", *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     log("sweep: " + " ".join(cmd[3:]))
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)

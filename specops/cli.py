@@ -129,6 +129,11 @@ def serve(
         None, "--engine-process/--engine-thread",
         help="Run the engine in a process of its own, so its host work and the HTTP event loop's run in parallel "
              "(default on CUDA), or on a thread of the server (default on the CPU: one process to start)."),
+    api_procs: int = typer.Option(
+        1, "--api-procs", min=1,
+        help="HTTP processes sharing the port and the one engine process (as vLLM's --api-server-count), for when "
+             "one process's parsing and streaming cannot keep up with the engine; --max-queue is split between them "
+             "and /metrics adds them up. Above 1 it implies --engine-process."),
     drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS,
@@ -142,7 +147,7 @@ def serve(
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
                         drafter, gamma_schedule)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name,
-               engine_process=engine_process)
+               engine_process=engine_process, api_procs=api_procs)
 
 
 @app.command()

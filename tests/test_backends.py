@@ -193,6 +193,9 @@ def test_embedded_command_names_the_engine_layout_only_when_asked(tmp_path):
         cfg.engine_process = choice
         layouts[choice] = {a for a in embedded.command(cfg, 1) if a.startswith("--engine-")}
     assert layouts == {None: set(), True: {"--engine-process"}, False: {"--engine-thread"}}
+    cfg.api_procs = 3
+    argv = embedded.command(cfg, 1)
+    assert argv[argv.index("--api-procs") + 1] == "3"
 
 
 def test_missing_vllm_python_is_a_clear_error(tmp_path):

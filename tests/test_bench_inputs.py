@@ -90,6 +90,8 @@ def test_dataset_without_usable_prompts(tmp_path):
     (["--gamma", "0", "--dtype", "int8"], "--dtype must be one of float32, bfloat16, float16, not 'int8'"),
     (["--gamma", "0", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["--gamma", "0", "--dtype", "bf16", "--backend", "vllm"], "--device and --dtype are the embedded server's"),
+    (["--gamma", "0", "--api-procs", "0"], "--api-procs must be at least 1, got 0"),
+    (["--gamma", "0", "--api-procs", "2", "--backend", "vllm"], "--api-procs is the embedded server's"),
 ])
 def test_option_errors(tmp_path, dataset, model, args, message):
     r = sweep("--model", str(model), "--dataset", str(dataset), "--out", str(tmp_path / "run"), *args)

@@ -235,9 +235,11 @@ def test_schedule_device_and_dtype_reach_the_server_and_the_fixed_parameters_onl
     base = dict(model=tiny / "target", draft=tiny / "draft", synthetic=4)
     old = SweepConfig(**base).fixed()
     # runs from before these options still resume
-    assert not {"gamma_schedule", "device", "dtype", "waves", "client_procs"} & set(old)
+    assert not {"gamma_schedule", "device", "dtype", "waves", "client_procs", "api_procs"} & set(old)
     assert SweepConfig(**base, waves=8).fixed() == {**old, "waves": 8}
     assert SweepConfig(**base, client_procs=2).fixed() == {**old, "client_procs": 2}
+    assert SweepConfig(**base, api_procs=4).fixed() == {**old, "api_procs": 4}
+    assert backend_config(SweepConfig(**base, api_procs=4), 0).api_procs == 4
     assert [SweepConfig(**base, waves=8).timed_requests(c) for c in (1, 8, 64)] == [64, 64, 512]
     cfg = SweepConfig(**base, gammas=[0, "schedule"], gamma_schedule=((1, 4, 5), (5, 64, 3)), device="cuda:1",
                       dtype="bf16")

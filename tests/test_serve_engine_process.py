@@ -1,5 +1,5 @@
-"""The engine's events on their way to the HTTP handlers, and the engine in a process of its own when that
-process fails."""
+"""The engine's events on their way to the HTTP handlers, the engine in a process of its own when that process
+fails, and several API processes over one engine."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
 import pytest
-from serve_helpers import FIXTURE, free_port, start_server, stop_server
+from serve_helpers import FIXTURE, REPO, free_port, start_server, stop_server
 
 from specops.serve.runner import Event, Outbox, _Sink
 
@@ -94,3 +97,103 @@ def test_the_engine_process_ends_with_the_server(server):
     while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < end:
         time.sleep(0.1)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture()
+def two_apis():
+    port = free_port()
+    proc = start_server(["--model", str(FIXTURE / "target-merged"), "--served-model-name", "m", "--api-procs", "2"],
+                        port)
+    yield f"http://127.0.0.1:{port}", proc, port
+    stop_server(proc)
+
+
+def api_processes(proc, port: int) -> list[psutil.Process]:
+    """The server's processes that listen on ``port``."""
+    parent = psutil.Process(proc.pid)
+    return [p for p in [parent, *parent.children()]
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp"))]
+
+
+def listening(port: int) -> list:
+    """Every listening socket on ``port``, whoever holds it."""
+    return [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def test_api_processes_share_the_port_the_engine_and_the_metrics(two_apis):
+    url, proc, port = two_apis
+    apis = api_processes(proc, port)
+    assert len(apis) == 2 and len(psutil.Process(proc.pid).children()) >= 2  # and the engine
+
+    def ask(prompt: str, stream: bool) -> str:
+        body = {"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": stream}
+        with httpx.Client(timeout=120) as c:  # a connection of its own: the kernel picks the API process
+            if not stream:
+                return c.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
+            with c.stream("POST", f"{url}/v1/completions", json=body) as s:
+                data = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+            assert data[-1] == "[DONE]"
+            return "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1])
+
+    prompts = [f"Query {i}: red running shoes under {40 + i} dollars" for i in range(24)]
+    alone = [ask(p, stream=False) for p in prompts[:6]]
+    before = [cpu_s(p) for p in apis]
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(lambda ip: ask(ip[1], stream=ip[0] % 2 == 0), enumerate(prompts)))
+    assert together[:6] == alone  # each answer came back to its own request, streamed or not
+    assert all(together)
+    used = [cpu_s(p) - b for p, b in zip(apis, before)]
+    assert min(used) > 0.01, f"one API process served nothing: CPU seconds {used}"
+    metrics = httpx.get(f"{url}/metrics").text  # whichever process answers, it counts every process's requests
+    assert 'specops_requests_total{endpoint="completions",status="200"} 30.0' in metrics
+    assert "vllm:spec_decode_num_drafts" in metrics
+
+
+def test_a_killed_api_process_leaves_the_others_serving_and_the_port_is_not_shared_with_strangers(two_apis):
+    url, proc, port = two_apis
+    second = start_server_error(["--model", str(FIXTURE / "target-merged"), "--api-procs", "2"], port)
+    assert "cannot listen on 127.0.0.1" in second
+    child = next(p for p in api_processes(proc, port) if p.pid != proc.pid)
+    child.kill()
+    end = time.monotonic() + 10
+    while len(listening(port)) > 1 and time.monotonic() < end:  # its socket closes (queued connections are reset)
+        time.sleep(0.1)
+    assert len(listening(port)) == 1
+    for i in range(6):  # new connections land on the socket still open
+        r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": f"hi {i}", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def start_server_error(args: list[str], port: int) -> str:
+    """What a server that must refuse to start prints."""
+    done = subprocess.run([sys.executable, "-m", "specops.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    return done.stderr
+
+
+def test_sigterm_to_the_server_drains_every_api_process_then_stops_the_engine(two_apis):
+    url, proc, port = two_apis
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    body = {"model": "m", "prompt": "Tell me about", "max_tokens": 120, "ignore_eos": True, "stream": True}
+    with ThreadPoolExecutor(4) as pool:
+        def stream(_):
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as s:
+                return [line for line in s.iter_lines() if line.startswith("data: ")]
+
+        running = [pool.submit(stream, i) for i in range(4)]
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)  # the server alone, as a supervisor would
+        finished = [json.loads(f.result()[-2][6:])["choices"][0]["finish_reason"] for f in running]
+    assert finished == ["length"] * 4
+    assert proc.wait(60) == 0
+    end = time.monotonic() + 30
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -45,6 +45,7 @@ class BackendConfig:
     device: str = "cpu"  # device and dtype: the embedded engine's
     dtype: str = "float32"
     engine_process: Optional[bool] = None  # embedded: --engine-process / --engine-thread (None: serve's default)
+    api_procs: int = 1  # embedded: serve's --api-procs
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None: a free port
     stop_grace_s: float = 20.0

@@ -15,6 +15,8 @@ def command(cfg: BackendConfig, port: int) -> list[str]:
         argv += ["--api-key", cfg.api_key]
     if cfg.engine_process is not None:
         argv.append("--engine-process" if cfg.engine_process else "--engine-thread")
+    if cfg.api_procs != 1:
+        argv += ["--api-procs", str(cfg.api_procs)]
     return argv
 
 

@@ -35,6 +35,8 @@ WAVES = typer.Option(0, "--waves", help="At least N × concurrency timed request
 CLIENT_PROCS = typer.Option(0, "--client-procs", help="Load generator processes the clients are spread over, so "
                             "that the client's own CPU cannot cap a fast server; 0: one per 16 clients, at most half "
                             "the cores.")
+API_PROCS = typer.Option(1, "--api-procs", help="HTTP processes of the embedded server (serve --api-procs), so that "
+                         "its parsing and streaming cannot cap a fast engine.")
 MAX_TOKENS = typer.Option(128, "--max-tokens", help="max_tokens of every request.")
 WARMUP = typer.Option(2, "--warmup", help="Unmeasured requests before each configuration.")
 SEED = typer.Option(0, "--seed", help="Seed of the prompt order, arrivals and per-request sampling.")
@@ -66,7 +68,7 @@ def sweep_config(**kw):
         temperatures=params.float_list("--temperature", kw["temperature"], 0.0),
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
         num_prompts=kw["num_prompts"], waves=kw.get("waves", 0), max_tokens=kw["max_tokens"], warmup=kw["warmup"],
-        seed=kw["seed"], client_procs=kw.get("client_procs", 0),
+        seed=kw["seed"], client_procs=kw.get("client_procs", 0), api_procs=kw.get("api_procs", 1),
         ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
         provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
@@ -94,7 +96,7 @@ def sweep(
     temperature: str = typer.Option("0,0.7", "--temperature", help="Sampling temperatures."),
     repeats: int = typer.Option(1, "--repeats", help="Measurements per configuration (≥ 2 gives speedup CIs)."),
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,
-    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, client_procs: int = CLIENT_PROCS,
+    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, client_procs: int = CLIENT_PROCS, api_procs: int = API_PROCS,
     max_tokens: int = MAX_TOKENS, warmup: int = WARMUP,
     seed: int = SEED, ignore_eos: bool = IGNORE_EOS, slo: str = SLO,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out; finished configurations are kept."),
@@ -129,7 +131,7 @@ def bench(
     concurrency: str = typer.Option("1", "--concurrency", help="Clients (closed loop) or in-flight cap."),
     temperature: str = typer.Option("0", "--temperature", help="Sampling temperature."),
     rate: Optional[str] = RATE, dataset: Optional[Path] = DATASET, synthetic: Optional[int] = SYNTHETIC,
-    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, client_procs: int = CLIENT_PROCS,
+    num_prompts: int = NUM_PROMPTS, waves: int = WAVES, client_procs: int = CLIENT_PROCS, api_procs: int = API_PROCS,
     max_tokens: int = MAX_TOKENS, warmup: int = WARMUP,
     seed: int = SEED, ignore_eos: bool = IGNORE_EOS, slo: str = SLO, gpu_hourly_cost: Optional[float] = COST,
     gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH, device: str = DEVICE, dtype: str = DTYPE,

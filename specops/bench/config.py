@@ -47,6 +47,7 @@ class SweepConfig:
     num_prompts: int = 64
     waves: int = 0  # at least waves × concurrency timed requests per configuration (0: num_prompts alone)
     client_procs: int = 0  # load generator processes (0: one per 16 clients, at most half the cores)
+    api_procs: int = 1  # the embedded server's HTTP processes
     max_tokens: int = 128
     warmup: int = 2
     seed: int = 0
@@ -97,6 +98,8 @@ class SweepConfig:
                 raise SpecopsError("--gamma-schedule never drafts (every γ is 0): measure that as --gamma 0")
         check_device(self.device)
         check_dtype(self.dtype)
+        if self.api_procs != 1 and self.backend != "embedded":
+            raise SpecopsError("--api-procs is the embedded server's: vLLM's is --vllm-arg=--api-server-count=N")
         if (self.device, self.dtype) != ("cpu", "float32") and self.backend != "embedded":
             raise SpecopsError("--device and --dtype are the embedded server's: give vLLM's own with --vllm-arg")
         if self.backend == "external":
@@ -120,7 +123,8 @@ class SweepConfig:
             raise SpecopsError("give exactly one of --dataset FILE.jsonl or --synthetic N")
         for name, value, low in (("--num-prompts", self.num_prompts, 1), ("--max-tokens", self.max_tokens, 1),
                                  ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0), ("--gpus", self.gpus, 1),
-                                 ("--waves", self.waves, 0), ("--client-procs", self.client_procs, 0)):
+                                 ("--waves", self.waves, 0), ("--client-procs", self.client_procs, 0),
+                                 ("--api-procs", self.api_procs, 1)):
             if value < low:
                 raise SpecopsError(f"{name} must be at least {low}, got {value}")
         if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
@@ -168,6 +172,7 @@ class SweepConfig:
             **({"dtype": self.dtype} if self.dtype != "float32" else {}),
             **({"waves": self.waves} if self.waves else {}),
             **({"client_procs": self.client_procs} if self.client_procs else {}),
+            **({"api_procs": self.api_procs} if self.api_procs != 1 else {}),
         }
 
     def timed_requests(self, concurrency: int) -> int:

@@ -169,7 +169,6 @@ def create_app(state: ServerState, api_key: Optional[str] = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        state.metrics.in_flight.set(state.runner.outstanding)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

@@ -56,3 +56,4 @@ class MetricsMiddleware:
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+            self.metrics.request_done()

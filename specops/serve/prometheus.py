@@ -1,14 +1,17 @@
 """Prometheus metrics: request counts and latencies, plus speculative-decoding counters under vLLM's names.
 
 The speculative counters are read from the engine's running totals at scrape time, labelled like vLLM's
-(``engine``, ``model_name``; per position ``position``), so one parser reads both servers.
+(``engine``, ``model_name``; per position ``position``), so one parser reads both servers. With several API
+processes (``PROMETHEUS_MULTIPROC_DIR`` set, as the server does then), each counts into its own files and a scrape
+of any of them adds up all of them; the speculative counters come from the one engine either way.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
 from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -40,7 +43,10 @@ class SpecCollector:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, spec_stats: Callable[[], object]):
+    def __init__(self, model_name: str, spec_stats: Callable[[], object], outstanding: Callable[[], int]):
+        self._shared = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        if self._shared:  # values go to files from here on, even if prometheus_client was imported before
+            values.ValueClass = values.get_value_class()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("specops_requests", "Finished HTTP requests.", ["endpoint", "status"], registry=r)
@@ -53,11 +59,24 @@ class ServerMetrics:
         self.generated = Counter("vllm:generation_tokens", "Tokens generated.", ["model_name"],
                                  registry=r).labels(model_name)
         self.in_flight = Gauge("specops_requests_in_flight", "Engine requests accepted and not yet finished.",
-                               registry=r)
+                               registry=r, multiprocess_mode="livesum")
         self.aborted = Counter("specops_aborted_requests", "Engine requests cancelled (client gone, stop string).",
                                registry=r)
         self.model_name = model_name
-        r.register(SpecCollector(spec_stats, model_name))
+        self._outstanding = outstanding
+        self._spec = SpecCollector(spec_stats, model_name)
+        r.register(self._spec)
+
+    def request_done(self) -> None:
+        """After each HTTP request: the in-flight gauge of this process stays current for scrapes of the others."""
+        if self._shared:
+            self.in_flight.set(self._outstanding())
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.in_flight.set(self._outstanding())
+        if not self._shared:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(self._spec)
+        return generate_latest(registry)

@@ -227,12 +227,12 @@ class Runner:
             self._send(("abort", request_id))
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Fail whatever is left and stop the engine."""
+        """Fail whatever is left and let go of the engine: a thread's engine stops; the engine process stops once
+        every API process has let go."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-        self._send(("stop",))
         self._close(timeout_s)
 
     def _route(self, events: list[tuple[str, Event]]) -> None:
@@ -293,5 +293,6 @@ class EngineRunner(Runner):
         return cmds
 
     def _close(self, timeout_s: float) -> None:
+        self._send(("stop",))
         if self._thread.ident is not None:  # started
             self._thread.join(timeout_s)
