@@ -78,10 +78,9 @@ def _serve(runner, api: ApiSettings, sock: socket.socket) -> None:
     state = build_state(runner, model_name=api.model_name, max_seq_len=api.max_seq_len, max_queue=api.max_queue)
     app = create_app(state, api_key=api.api_key)
     settle_heap()
-    # uvicorn handles SIGTERM/SIGINT: it stops accepting, waits for in-flight responses, runs shutdown, then
-    # re-raises the signal with the previous handler; a drained SIGTERM is a normal exit, so that handler exits 0.
-    # It runs on uvloop and parses HTTP with httptools when they are installed.
-    # A drained Ctrl-C (its KeyboardInterrupt, re-raised the same way) is a normal exit too.
+    # uvicorn (on uvloop and httptools when installed) handles SIGTERM/SIGINT: it stops accepting, waits for
+    # in-flight responses, runs shutdown, then re-raises the signal with the previous handler. A drained SIGTERM or
+    # Ctrl-C is a normal exit, so the SIGTERM handler exits 0 and the KeyboardInterrupt is swallowed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None)).run(sockets=[sock])
