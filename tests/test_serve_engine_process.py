@@ -57,6 +57,35 @@ def test_outbox_carries_an_error_over_the_tokens_before_it():
     assert event.token_ids == [5] and event.finished and event.error == "engine error: boom"
 
 
+@pytest.mark.timeout(120)
+def test_the_event_loop_never_waits_on_a_full_command_pipe():
+    """An engine busy writing events reads no commands for a while; a burst of requests meanwhile must not block
+    the API process's event loop (which then could not read those events: both sides would wait for good)."""
+    import multiprocessing as mp
+
+    from specops.engine.sampling import SamplingParams
+    from specops.serve.engine_process import EngineClient
+
+    engine_commands, commands = mp.Pipe(duplex=False)  # nobody reads engine_commands until the end
+    events, engine_events = mp.Pipe(duplex=False)
+    vocab = json.loads((FIXTURE / "target-merged" / "config.json").read_text())["vocab_size"]
+    client = EngineClient((commands, events), FIXTURE / "target-merged", vocab, [0])
+
+    async def main():
+        client.start()
+        q = asyncio.Queue()
+        for i in range(2000):  # some 2 MB of commands: far more than a pipe holds
+            client.submit(f"r{i}", list(range(1, 200)), SamplingParams(max_tokens=4), q)
+        engine_events.send(("events", [("r7", [5, 6], True, "length", None, False, None)], (0, 0, 0, [])))
+        event = await q.get()
+        engine_commands.close()  # the writer's sends now fail at once, and it ends
+        client.stop(timeout_s=30)
+        return event
+
+    event = asyncio.run(main())
+    assert (event.token_ids, event.finished, event.finish_reason) == ([5, 6], True, "length")
+
+
 @pytest.fixture()
 def server():
     port = free_port()

@@ -6,8 +6,9 @@ per request and step, parsing, sockets) take turns on one interpreter lock, and 
 the GPU, sets the pace. Here the engine process runs ``EngineCore`` alone. Each API process has a link to it: a
 pipe for its commands and one for the events of its requests, which the API process's event loop reads itself
 (``add_reader``): a reader thread would contend with the loop for the lock on every step and wake it through its
-self-pipe. Events travel as plain tuples, which pickle several times faster than the dataclasses they are rebuilt
-into.
+self-pipe. Commands leave through a writer thread instead, so the loop never waits on a full command pipe while the
+engine waits on a full event pipe for the loop to read (a burst of requests while many stream). Events travel as
+plain tuples, which pickle several times faster than the dataclasses they are rebuilt into.
 
 The child is spawned (CUDA cannot be forked) and ignores SIGINT and SIGTERM: each API process drains its requests
 first, then closes its link. A closed link's requests are aborted (that API process is gone); once every link is
@@ -19,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import queue
 import signal
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -91,6 +94,9 @@ class EngineClient(Runner):
         self.grammars = Grammars(self.tokenizer, vocab_size)
         self._stats = None  # the engine's SpecStats fields, as of its last step
         self._gone = False  # the engine closed this link
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()  # commands for the writer; None ends it
+        self._writer = threading.Thread(target=self._write, name="specops-engine-commands", daemon=True)
+        self._writer.start()
         self._loop = None
         self._exit_task = self._watch_task = None
 
@@ -124,10 +130,14 @@ class EngineClient(Runner):
                 log.error("API process %s exited (exit code %s); the others go on serving", p.name, p.exitcode)
 
     def _send(self, cmd: tuple) -> None:
-        try:
-            self._commands.send(cmd)
-        except (OSError, ValueError):  # the engine is gone: the reader fails its requests
-            pass
+        self._pending.put(cmd)
+
+    def _write(self) -> None:
+        while (cmd := self._pending.get()) is not None:
+            try:
+                self._commands.send(cmd)
+            except (OSError, ValueError):  # the engine is gone: the reader fails its requests
+                pass
 
     def _read(self) -> None:
         """Route every message waiting on the events pipe; on its end, fail what is left once the child is gone."""
@@ -160,6 +170,8 @@ class EngineClient(Runner):
                 p.join()
         if self._loop is not None and not self._gone:
             self._loop.remove_reader(self._events.fileno())
+        self._pending.put(None)
+        self._writer.join(timeout_s)
         self._commands.close()  # the engine aborts what this link still has, and exits once every link is closed
         if self._owner is not None:
             proc = self._owner.proc

@@ -215,8 +215,7 @@ class Runner:
             if self._stopping or not self.alive:
                 raise SpecopsError("server is shutting down" if self._stopping else "the engine has stopped")
             self._sinks[request_id] = sink
-        # Sent outside the lock: a send may wait for the engine to read, and the engine may be waiting for the
-        # events reader, which needs the lock to route.
+        # Sent outside the lock, which routing the engine's events needs.
         self._send(("add", request_id, prompt_ids, params, grammar, provenance))
 
     def abort(self, request_id: str) -> None:
