@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -44,9 +44,8 @@ class SpecCollector:
 
 class ServerMetrics:
     def __init__(self, model_name: str, spec_stats: Callable[[], object], outstanding: Callable[[], int]):
+        # Set before prometheus_client is first imported (the server does), the variable makes every value a file.
         self._shared = "PROMETHEUS_MULTIPROC_DIR" in os.environ
-        if self._shared:  # values go to files from here on, even if prometheus_client was imported before
-            values.ValueClass = values.get_value_class()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("specops_requests", "Finished HTTP requests.", ["endpoint", "status"], registry=r)
@@ -68,7 +67,7 @@ class ServerMetrics:
         r.register(self._spec)
 
     def request_done(self) -> None:
-        """After each HTTP request: the in-flight gauge of this process stays current for scrapes of the others."""
+        """After each HTTP request: this process's in-flight gauge, as the others' scrapes read it, is updated."""
         if self._shared:
             self.in_flight.set(self._outstanding())
 
