@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from server_procs import cpu_s, processes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -44,21 +45,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     return ap.parse_args()
-
-
-def cpu_s(procs: list[psutil.Process]) -> float:
-    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
-
-
-def processes(server) -> tuple[list[psutil.Process], psutil.Process]:
-    """The server's API processes (those listening on its port) and its engine process."""
-    parent = psutil.Process(server.process.proc.pid)
-    port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
-    family = [parent, *parent.children()]
-    apis = [p for p in family
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp"))]
-    engine = max((p for p in family if p not in apis), key=lambda p: cpu_s([p]))  # beside a resource tracker
-    return apis, engine
 
 
 def main() -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from server_procs import cpu_s, processes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -44,11 +45,6 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
 def main() -> int:
     from specops.backends import BackendConfig, start_backend
     from specops.bench import loadgen, workload
@@ -60,17 +56,16 @@ def main() -> int:
                         engine_process=True, startup_timeout_s=600)
     runs = []
     with start_backend(cfg) as server:
-        api = psutil.Process(server.process.proc.pid)
-        engine = max(api.children(recursive=True), key=cpu)  # the spawned engine (beside a resource tracker)
+        apis, engine = processes(server)
         pool = workload.synthetic(args.requests, 0)
         prompts = workload.ordered(pool, args.requests, 0)
         for _ in range(args.repeats):
             for mt in lengths:
                 spec = loadgen.LoadSpec(server.base_url, server.model_name, concurrency=args.concurrency,
                                         temperature=0.0, max_tokens=mt, procs=1)
-                a0, e0, c0, w0 = cpu(api), cpu(engine), time.process_time(), time.perf_counter()
+                a0, e0, c0, w0 = cpu_s(apis), cpu_s([engine]), time.process_time(), time.perf_counter()
                 recs = loadgen.run(prompts, spec).records
-                used = {"api": cpu(api) - a0, "engine": cpu(engine) - e0, "client": time.process_time() - c0}
+                used = {"api": cpu_s(apis) - a0, "engine": cpu_s([engine]) - e0, "client": time.process_time() - c0}
                 n = len(recs)
                 runs.append({"max_tokens": mt, "requests": n, "wall_s": time.perf_counter() - w0,
                              "tokens_per_request": sum(r.output_tokens for r in recs) / n,
