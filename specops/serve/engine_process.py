@@ -164,23 +164,24 @@ class EngineClient(Runner):
         for p in peers:  # they drain their requests first; the engine serves them meanwhile
             p.terminate()
         for p in peers:
-            p.join(timeout_s)
-            if p.is_alive():
-                p.kill()
-                p.join()
+            _join(p, timeout_s)
         if self._loop is not None and not self._gone:
             self._loop.remove_reader(self._events.fileno())
         self._pending.put(None)
         self._writer.join(timeout_s)
         self._commands.close()  # the engine aborts what this link still has, and exits once every link is closed
         if self._owner is not None:
-            proc = self._owner.proc
-            proc.join(timeout_s)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+            _join(self._owner.proc, timeout_s)
         self._events.close()
         self._fail_all("server is shutting down")
+
+
+def _join(proc, timeout_s: float) -> None:
+    """Wait for a child process to exit, killing it after ``timeout_s``."""
+    proc.join(timeout_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
 
 
 def _wire(events: list[tuple[str, Event]]) -> list[tuple]:
@@ -227,8 +228,8 @@ def _main(cfg, links: list[tuple]) -> None:
             closed.append(i)
 
     def receive(block: bool) -> list[tuple]:
-        if block and idle_stats[0] != stats():  # going idle: every API process learns the final counters
-            idle_stats[0] = stats()
+        if block and (now := stats()) != idle_stats[0]:  # going idle: every API process learns the final counters
+            idle_stats[0] = now
             for i in list(open_links):
                 send(i, [], idle_stats[0])
         cmds = []
