@@ -144,11 +144,12 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
 
 
 async def _clients(prompts: list[Prompt], spec: LoadSpec, clients: int, take: Callable[[], Optional[int]],
-                   arrivals: Optional[list[tuple[int, float]]], t0: Optional[float],
-                   changed: Callable[[int, int], None]) -> list[RequestRecord]:
+                   arrivals: Optional[list[tuple[int, float]]], changed: Callable[[int, int], None],
+                   ready: Optional[Callable[[], float]] = None) -> list[RequestRecord]:
     """``clients`` closed-loop clients, each taking the next prompt index from ``take()`` (None: none left); or, with
-    ``arrivals`` ((index, seconds after t0) pairs), open loop with at most ``clients`` in flight. ``t0``: the
-    ``perf_counter`` the timed phase starts at (None: now). ``changed(in_flight, finished)`` follows progress."""
+    ``arrivals`` ((index, seconds after t0) pairs), open loop with at most ``clients`` in flight. The timed phase
+    starts once the HTTP client exists, at the ``perf_counter`` that ``ready()`` returns (None: now): the client's
+    set-up is not the server's time. ``changed(in_flight, finished)`` follows progress."""
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
@@ -156,7 +157,7 @@ async def _clients(prompts: list[Prompt], spec: LoadSpec, clients: int, take: Ca
     in_flight = 0
 
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
-        t0 = time.perf_counter() if t0 is None else t0
+        t0 = time.perf_counter() if ready is None else ready()
 
         async def one(idx: int) -> None:
             nonlocal in_flight
@@ -200,7 +201,7 @@ def _share(total: int, parts: int, i: int) -> int:
 
 
 def _worker(prompts, spec, clients, arrivals, counter, start, t0, status, results, w) -> None:
-    """One client process: waits for the common start, then runs its clients. Closed-loop clients of every process
+    """One client process: builds its HTTP client, waits for the common start, then runs its clients. Closed-loop clients of every process
     take indices from the one shared counter: each prompt is sent once, in order, by whichever client is free
     first, as in one process."""
     def take() -> Optional[int]:
@@ -214,12 +215,15 @@ def _worker(prompts, spec, clients, arrivals, counter, start, t0, status, result
     def changed(in_flight: int, finished: int) -> None:
         status[2 * w], status[2 * w + 1] = in_flight, finished
 
+    def ready() -> float:  # blocks the event loop, on which nothing runs yet
+        results.put(("ready", w, None))
+        start.wait()
+        return t0.value
+
     gc.collect()
     gc.freeze()
-    results.put(("ready", w, None))
-    start.wait()
     try:
-        records = _run_loop(_clients(prompts, spec, clients, take, arrivals, t0.value, changed))
+        records = _run_loop(_clients(prompts, spec, clients, take, arrivals, changed, ready))
         results.put(("done", w, records))
     except BaseException as e:  # reported to the parent, which raises it with the worker's number
         results.put(("error", w, f"{type(e).__name__}: {e}"))
@@ -286,7 +290,7 @@ def run(prompts: list[Prompt], spec: LoadSpec, progress: Optional[Progress] = No
         gc.freeze()
         try:
             records = _run_loop(_clients(prompts, spec, min(spec.concurrency, len(prompts)),
-                                         lambda: next(order, None), arrivals, None, progress or (lambda *_: None)))
+                                         lambda: next(order, None), arrivals, progress or (lambda *_: None)))
         finally:
             gc.unfreeze()
     records.sort(key=lambda r: r.idx)
