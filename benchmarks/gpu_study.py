@@ -331,6 +331,7 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
             "measured_over_predicted": meas / pred if meas and pred else None,
             "decode_speedup": decode, "decode_over_predicted": decode / pred if decode and pred else None,
             "ttft_share": ttft / e2e if ttft and e2e else None,
+            "in_flight_mean": r.get("in_flight_mean"),  # older files: absent
         })
     return out
 
@@ -380,7 +381,7 @@ def print_tables(doc: dict) -> None:
                   + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
     if doc.get("grid"):
         print("\nT    c  γ    tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms   E2E p50/p99 ms  acc   MAL  speedup [95% CI]"
-              "       goodput  pred  meas/pred  decode  dec/pred  TTFT share")
+              "       goodput  pred  meas/pred  decode  dec/pred  TTFT share  in flight")
         for r in doc["grid"]:
             lo, hi = r["speedup_ci95"]
             print(f"{r['temperature']:<4g}{r['concurrency']:>3} {r['gamma']!s:>2} {r['output_tokens_per_s']:>8.1f} "
@@ -390,7 +391,8 @@ def print_tables(doc: dict) -> None:
                   f"{fmt(r['acceptance_rate'], '.3f'):>5} {fmt(r['mean_acceptance_length']):>5} "
                   f"{fmt(r['speedup'], '5.2f')} [{fmt(lo)}, {fmt(hi)}] {r['goodput_rps']:>8.2f} "
                   f"{fmt(r['predicted_speedup']):>5} {fmt(r['measured_over_predicted']):>9} "
-                  f"{fmt(r['decode_speedup']):>7} {fmt(r['decode_over_predicted']):>9} {fmt(r['ttft_share']):>11}")
+                  f"{fmt(r['decode_speedup']):>7} {fmt(r['decode_over_predicted']):>9} {fmt(r['ttft_share']):>11} "
+                  f"{fmt(r.get('in_flight_mean'), '.1f'):>10}")
     if doc.get("schedule"):
         print("\nschedule (recommended γ per batch size) against the best fixed γ, goodput under the SLO")
         for r in doc["schedule"]:

@@ -41,6 +41,8 @@ def test_summary_of_the_hand_computed_timeline():
     # r0 meets both; r1 misses e2e; r2 meets (TPOT counts as 0); r3 failed → 2 good of 4
     assert s["goodput_rps"] == pytest.approx(1.0)
     assert s["slo_attainment"] == pytest.approx(0.5)
+    # in flight (Little's law): every request's time, failed ones too, over the duration: (0.5+1.5+0.2+0.05) / 2
+    assert s["in_flight_mean"] == pytest.approx(1.125)
     # TTFT [100, 300, 200] ms: linear percentiles on the sorted values, rank p/100·(n-1)
     assert s["ttft_ms"] == pytest.approx({"mean": 200, "p50": 200, "p90": 280, "p95": 290, "p99": 298})
     # TPOT [100, 400] ms (the one-token request has none)

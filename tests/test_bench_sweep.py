@@ -146,6 +146,7 @@ def test_sweep_on_the_fixture_fills_every_field(tmp_path):
             assert set(r[dist]) == {"mean", "p50", "p90", "p95", "p99"}
         assert r["requests_per_s"] > 0 and r["output_tokens_per_s"] > 0 and r["goodput_rps"] > 0
         assert 0 < r["slo_attainment"] <= 1
+        assert 0 < r["in_flight_mean"] <= r["concurrency"]
         assert r["usd_per_million_output_tokens"] > 0
         s = r["speedup_throughput"]
         assert s["ci95_low"] <= s["value"] <= s["ci95_high"]

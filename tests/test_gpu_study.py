@@ -96,6 +96,7 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}
     for r in doc["grid"]:
         assert r["output_tokens_per_s"] > 0 and r["e2el_p99"] >= r["e2el_p50"] > 0
+        assert 0 < r["in_flight_mean"] <= r["concurrency"]
         if r["gamma"] == 3:
             assert r["predicted_speedup"] > 0 and r["speedup_ci95"][0] is not None  # two repeats: a CI
     for name in ("results.json", "results.csv", "recommendation.json"):

@@ -60,7 +60,9 @@ def meets_slo(r: RequestRecord, slo_s: dict[str, float]) -> bool:
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo_s: dict[str, float]) -> dict:
-    """Every serving metric of one timed run of requests."""
+    """Every serving metric of one timed run of requests. ``in_flight_mean`` is the concurrency the load generator
+    actually kept (Little's law: requests' time in flight over the run's duration); below the configured one, the
+    client, not the server, set part of the pace."""
     done = [r for r in records if r.ok]
     good = sum(meets_slo(r, slo_s) for r in records)
     out_tokens = sum(r.output_tokens for r in done)
@@ -78,6 +80,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_s: dict[s
         "total_tokens_per_s": per_s(in_tokens + out_tokens),
         "goodput_rps": per_s(good),
         "slo_attainment": good / len(records) if records else 0.0,
+        "in_flight_mean": per_s(sum(r.e2e_s for r in records)),
         "ttft_ms": distribution(r.ttft_s for r in done if r.ttft_s is not None),
         "tpot_ms": distribution(t for t in map(tpot_s, done) if t is not None),
         "itl_ms": distribution(g for r in done for g in r.itl_s),

@@ -19,7 +19,7 @@ from specops.bench.store import StoredConfig, gamma_order, speculative
 from specops.engine.stats import SpecStats
 from specops.files import write_atomic
 
-RATES = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment")
+MEANS = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment", "in_flight_mean")
 DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
@@ -71,7 +71,7 @@ def grid_rows(configs: list[StoredConfig], slo_s: dict[str, float], hourly_usd: 
         row: dict[str, Any] = {"drafter": drafter, "gamma": g, "concurrency": conc, "temperature": temp, "repeats": len(rs),
                                "requests": sum(r["requests"] for r in rs), "completed": sum(r["completed"] for r in rs),
                                "errors": sum(r["errors"] for r in rs)}
-        row.update({k: sum(r[k] for r in rs) / len(rs) for k in RATES})
+        row.update({k: sum(r[k] for r in rs) / len(rs) for k in MEANS})
         row["output_tokens_per_s_repeats"] = [r["output_tokens_per_s"] for r in rs]
         row["ttft_ms"] = distribution(r.ttft_s for r in done if r.ttft_s is not None)
         row["tpot_ms"] = distribution(t for t in map(tpot_s, done) if t is not None)
