@@ -91,7 +91,8 @@ def run_sweep(cfg: SweepConfig, console: Optional[Console] = None, tables: Optio
         if doc is not None:
             rec = recommend(doc["configurations"], doc["fixed"].get("draft"))
             write_atomic(out / "recommendation.json", json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
-    print_summary(doc["configurations"], cost=cfg.gpu_hourly_cost is not None, console=tables)
+    print_summary(doc["configurations"], cost=cfg.gpu_hourly_cost is not None, console=tables,
+                  closed_loop=cfg.rate is None)
     print_recommendation(rec, console=tables)
     return out
 

@@ -23,7 +23,13 @@ def _p(d: Optional[dict], key: str) -> str:
     return _num(d[key] if d else None, "{:.0f}")
 
 
-def print_summary(rows: list[dict[str, Any]], cost: bool, console: Optional[Console] = None) -> None:
+SHORTFALL = 0.9  # in flight below this share of the concurrency: the client, not the server, set part of the pace
+
+
+def print_summary(rows: list[dict[str, Any]], cost: bool, console: Optional[Console] = None,
+                  closed_loop: bool = True) -> None:
+    """The grid's rows; with ``closed_loop`` (no arrival rate), a warning for every point where the load generator
+    kept fewer requests in flight than its concurrency, whose throughput then understates the server's."""
     console = console or Console()
     t = Table(title="sweep summary (latencies in ms)")
     drafters = any(r.get("drafter", "eagle3") != "eagle3" for r in rows)
@@ -45,6 +51,12 @@ def print_summary(rows: list[dict[str, Any]], cost: bool, console: Optional[Cons
         s = (r.get("speedup_throughput") or {}).get("value")
         t.add_row(*cells, style="red" if s is not None and s < 1 else None)
     console.print(t)
+    short = [r for r in rows if closed_loop and r.get("in_flight_mean") is not None
+             and r["in_flight_mean"] < SHORTFALL * min(r["concurrency"], r["requests"] / r["repeats"])]
+    for r in short:
+        console.print(f"[yellow]warning[/yellow]: γ={r['gamma']} at concurrency {r['concurrency']} and temperature "
+                      f"{r['temperature']:g} kept {r['in_flight_mean']:.1f} requests in flight on average: the load "
+                      f"generator fell short, so its throughput understates the server's")
 
 
 def print_recommendation(rec: dict[str, Any], console: Optional[Console] = None) -> None:
