@@ -337,7 +337,11 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
 
 
 def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
-    """Per temperature and concurrency: the schedule's goodput against the best fixed γ's in the grid."""
+    """Per temperature and concurrency: the schedule's goodput against the best fixed γ's in the grid. Where the
+    schedule runs that same γ at every batch size up to the concurrency, the two are one configuration measured
+    twice (``same_configuration``): their ratio is the run-to-run spread, not the schedule's doing."""
+    from specops.engine.config import gamma_at
+
     out = []
     for t, info in runs.items():
         path = work / info.get("run", "-") / "results.json"
@@ -352,6 +356,8 @@ def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
                         "schedule_output_tokens_per_s": r["output_tokens_per_s"],
                         "best_fixed_gamma": best and best["gamma"],
                         "best_fixed_goodput_rps": best and best["goodput_rps"],
+                        "same_configuration": best is not None and all(
+                            gamma_at(info["schedule"], b) == best["gamma"] for b in range(1, r["concurrency"] + 1)),
                         "goodput_vs_best_fixed": r["goodput_rps"] / best["goodput_rps"]
                         if best and best["goodput_rps"] else None})
     return out
@@ -398,7 +404,8 @@ def print_tables(doc: dict) -> None:
         for r in doc["schedule"]:
             print(f"T {r['temperature']:g} c {r['concurrency']:>3}: schedule {r['schedule_goodput_rps']:.2f} rps, "
                   f"best fixed γ={r['best_fixed_gamma']} {fmt(r['best_fixed_goodput_rps'])} rps, "
-                  f"ratio {fmt(r['goodput_vs_best_fixed'], '.3f')}")
+                  f"ratio {fmt(r['goodput_vs_best_fixed'], '.3f')}"
+                  + (" (the same configuration measured again)" if r.get("same_configuration") else ""))
 
 
 def main() -> int:

@@ -38,12 +38,17 @@ def test_the_study_recipe_is_the_fixture_recipe_scaled_up():
     assert per_layer * STUDY.num_layers + embeddings >= 150e6
 
 
-def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_batch_size():
+def gpu_study():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gpu_study", REPO / "benchmarks" / "gpu_study.py")
     study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study)
+    return study
+
+
+def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_batch_size():
+    study = gpu_study()
     greedy = [{"temperature": 0.0, "batch": b, "c": 0.05, "v": {"3": 1.1}} for b in (1, 8)]
     sampled = [{"temperature": 0.7, "batch": b, "c": 0.1, "v": {"3": 1.5 if b == 8 else 9.0}} for b in (1, 8)]
 
@@ -55,6 +60,26 @@ def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_
     assert study.predicted(row(0.7), greedy) == pytest.approx(3 / (3 * 0.05 + 1.1))  # costs measured greedy only
     assert study.predicted({**row(0.0), "gamma": 0}, greedy) is None
     assert study.predicted(row(0.0), []) is None  # no step costs measured (a run cut short before them)
+
+
+def test_the_schedule_is_set_against_the_best_fixed_gamma_and_a_remeasurement_is_told_apart(tmp_path):
+    def point(conc, gamma, goodput):
+        return {"temperature": 0.0, "concurrency": conc, "gamma": gamma, "goodput_rps": goodput,
+                "output_tokens_per_s": 100 * goodput}
+
+    grid = [point(1, 3, 9.0), point(1, 5, 10.0), point(32, 3, 50.0), point(32, 5, 40.0), point(64, 5, 60.0),
+            point(64, 3, 59.0)]
+    ranges = [[1, 16, 5], [17, 32, 3], [33, 64, 5]]
+    run = tmp_path / "schedule-t0"
+    run.mkdir()
+    measured = [point(1, "schedule", 9.5), point(32, "schedule", 52.0), point(64, "schedule", 63.0)]
+    (run / "results.json").write_text(json.dumps({"configurations": measured}))
+    rows = gpu_study().schedule_table(grid, {"0.0": {"schedule": ranges, "run": run.name}}, tmp_path)
+    got = {r["concurrency"]: (r["best_fixed_gamma"], r["goodput_vs_best_fixed"], r["same_configuration"])
+           for r in rows}
+    # at 1 the schedule is γ = 5, the best fixed γ: one configuration measured twice; at 32 and 64 it switches γ
+    assert got == {1: (5, pytest.approx(0.95), True), 32: (3, pytest.approx(52 / 50), False),
+                   64: (5, pytest.approx(1.05), False)}
 
 
 def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
