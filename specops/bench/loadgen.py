@@ -201,9 +201,9 @@ def _share(total: int, parts: int, i: int) -> int:
 
 
 def _worker(prompts, spec, clients, arrivals, counter, start, t0, status, results, w) -> None:
-    """One client process: builds its HTTP client, waits for the common start, then runs its clients. Closed-loop clients of every process
-    take indices from the one shared counter: each prompt is sent once, in order, by whichever client is free
-    first, as in one process."""
+    """One client process: builds its HTTP client, waits for the common start, then runs its clients. Closed-loop
+    clients of every process take indices from the one shared counter: each prompt is sent once, in order, by
+    whichever client is free first, as in one process."""
     def take() -> Optional[int]:
         with counter.get_lock():
             idx = counter.value

@@ -19,7 +19,8 @@ from specops.bench.store import StoredConfig, gamma_order, speculative
 from specops.engine.stats import SpecStats
 from specops.files import write_atomic
 
-MEANS = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment", "in_flight_mean")
+MEANS = ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "goodput_rps", "slo_attainment",
+         "in_flight_mean")
 DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
