@@ -9,7 +9,8 @@ goes on where it stopped when started again:
 3. ``grid``: ``specops sweep`` through the real server (``specops serve --device cuda --dtype bfloat16
    --api-procs 4``: one HTTP process cannot stream what this model generates at high concurrency): γ 0/1/3/5
    × concurrency 1/4/16/32/64 × temperature 0/0.7 on the held-out commerce queries, repeated for speedup CIs, each
-   point at least 8 closed-loop waves long (``sweep --waves``: one wave of 64 requests is a third of a second);
+   point at least 16 closed-loop waves long (``sweep --waves``): the drain at a run's end, when clients run out of
+   requests and the server is no longer loaded to the concurrency, lasts about one request, a sixteenth of the run;
    γ 0 and 3 (the goals' points) first, then the step costs (4), then the same sweep resumed with γ 1 and 5.
 4. ``costs``: the step costs of the speculative model per batch size and temperature (greedy, or sampling: the
    distributions and the rejection test cost more), from the engine's CUDA-graph replays in bf16: a plain step, the
@@ -66,7 +67,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--num-prompts", type=int, default=None,
                     help="timed requests per configuration (default 100: each held-out query once)")
     ap.add_argument("--waves", type=int, default=None,
-                    help="at least this many × concurrency timed requests per configuration (default 8)")
+                    help="at least this many × concurrency timed requests per configuration (default 16)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
     ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
     ap.add_argument("--api-procs", type=int, default=None,
@@ -109,7 +110,7 @@ def settings(args):
         recipe = STUDY
         draft = dict(prompts=4000, epochs=3.0, batch_size=32, lr=2e-3, vocab=1024, max_new_tokens=160, eval_prompts=32,
                      max_batch=64)
-        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100, waves=8,
+        sweep = dict(gammas=GAMMAS, concurrency=CONCURRENCY, temperatures=TEMPERATURES, num_prompts=100, waves=16,
                      max_tokens=160, repeats=2, warmup=4, parts_batches=CONCURRENCY, dtype="bfloat16", api_procs=4)
     for key in ("num_prompts", "waves", "max_tokens", "repeats", "api_procs"):
         if getattr(args, key) is not None:
