@@ -70,11 +70,24 @@ def parse() -> argparse.Namespace:
                     help="at least this many × concurrency timed requests per configuration (default 16)")
     ap.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default 160)")
     ap.add_argument("--repeats", type=int, default=None, help="measurements per configuration (default 2)")
+    ap.add_argument("--concurrency", type=concurrencies, default=None,
+                    help="comma-separated concurrencies (default 1,4,16,32,64); a subset re-measures part of the grid, "
+                         "and the schedule is then recommended from that part")
     ap.add_argument("--api-procs", type=int, default=None,
                     help="HTTP processes of the server (serve --api-procs; default 4, 1 with --tiny): one cannot "
                          "stream what a small model on a GPU generates at concurrency 64")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
+
+
+def concurrencies(text: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"concurrencies must be at least 1: {text!r}")
+    return values
 
 
 def log(msg: str) -> None:
@@ -115,6 +128,8 @@ def settings(args):
     for key in ("num_prompts", "waves", "max_tokens", "repeats", "api_procs"):
         if getattr(args, key) is not None:
             sweep[key] = getattr(args, key)
+    if args.concurrency is not None:
+        sweep["concurrency"] = sweep["parts_batches"] = args.concurrency
     return recipe, draft, sweep
 
 
