@@ -81,13 +81,13 @@ def parse() -> argparse.Namespace:
 
 
 def concurrencies(text: str) -> list[int]:
+    from specops.bench.params import int_list
+    from specops.errors import SpecopsError
+
     try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"concurrencies must be at least 1: {text!r}")
-    return values
+        return int_list("--concurrency", text, 1)
+    except SpecopsError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--concurrency: ")) from None
 
 
 def log(msg: str) -> None:
