@@ -47,6 +47,17 @@ def gpu_study():
     return study
 
 
+def test_part_of_the_grid_sets_the_concurrencies_and_the_batch_sizes_costed(monkeypatch):
+    study = gpu_study()
+    monkeypatch.setattr(sys, "argv", ["gpu_study.py", "--concurrency", "64,32,64"])
+    sweep = study.settings(study.parse())[2]
+    assert sweep["concurrency"] == sweep["parts_batches"] == [32, 64]
+    assert sweep["gammas"] == [0, 1, 3, 5] and sweep["waves"] == 16
+    monkeypatch.setattr(sys, "argv", ["gpu_study.py", "--concurrency", "0,4"])
+    with pytest.raises(SystemExit):
+        study.parse()
+
+
 def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_batch_size():
     study = gpu_study()
     greedy = [{"temperature": 0.0, "batch": b, "c": 0.05, "v": {"3": 1.1}} for b in (1, 8)]
