@@ -33,7 +33,7 @@ WAVES = typer.Option(0, "--waves", help="At least N × concurrency timed request
                                         "waves), so high-concurrency points measure more than ramp-up and drain; "
                                         "0: --num-prompts alone.")
 CLIENT_PROCS = typer.Option(0, "--client-procs", help="Load generator processes the clients are spread over, so "
-                            "that the client's own CPU cannot cap a fast server; 0: one per 16 clients, at most half "
+                            "that the client's own CPU cannot cap a fast server; 0: one per 8 clients, at most half "
                             "the cores.")
 API_PROCS = typer.Option(1, "--api-procs", help="HTTP processes of the embedded server (serve --api-procs), so that "
                          "its parsing and streaming cannot cap a fast engine.")

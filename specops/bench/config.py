@@ -46,7 +46,7 @@ class SweepConfig:
     synthetic: Optional[int] = None
     num_prompts: int = 64
     waves: int = 0  # at least waves × concurrency timed requests per configuration (0: num_prompts alone)
-    client_procs: int = 0  # load generator processes (0: one per 16 clients, at most half the cores)
+    client_procs: int = 0  # load generator processes (0: one per 8 clients, at most half the cores)
     api_procs: int = 1  # the embedded server's HTTP processes
     max_tokens: int = 128
     warmup: int = 2
