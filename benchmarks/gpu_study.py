@@ -14,15 +14,17 @@ goes on where it stopped when started again:
    γ 0 and 3 (the goals' points) first, then the step costs (4), then the same sweep resumed with γ 1 and 5.
 4. ``costs``: the step costs of the speculative model per batch size and temperature (greedy, or sampling: the
    distributions and the rejection test cost more), from the engine's CUDA-graph replays in bf16: a plain step, the
-   verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step.
+   verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step; and one request's prefill
+   at the held-out prompts' mean length, as a loaded server admits requests: one at a time.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
    sweep of its own (as many repeats as the grid), against the best fixed γ of the grid at each concurrency.
 
 Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
 with its 95 % CI, goodput under the 2 s SLO, the speedup E/(γc + v) predicted from the measured acceptance and step
-costs, and, since that formula models decoding alone, the decode speedup (TPOT) and the share of each request spent
-before its first token) and writes ``study.json`` with the sweeps' ``results.json``/``results.csv``/
-``recommendation.json`` to ``$OUT`` (or ``--out``) after every call, finished or not.
+costs, and, since that formula models decoding alone, the same with each request's prefill counted, the decode
+speedup (TPOT) and the share of each request spent before its first token) and writes ``study.json`` with the
+sweeps' ``results.json``/``results.csv``/``recommendation.json`` to ``$OUT`` (or ``--out``) after every call,
+finished or not.
 
     python benchmarks/gpu_study.py --work DIR            # one CUDA GPU; repeat the same command until it exits 0
     python benchmarks/gpu_study.py --tiny --device cpu   # every stage at a tiny size: a check of the script
@@ -200,17 +202,26 @@ def stage_costs(args, s: dict) -> list[dict]:
     """c and v(γ) per batch size from the serving engine's own rounds (bf16, CUDA graphs on the GPU)."""
     import torch
 
+    from specops.bench.workload import from_dataset
     from specops.engine.engine import Engine
-    from specops.engine.gamma import measure_parts
+    from specops.engine.gamma import measure_parts, measure_prefill
+    from specops.inputs import chat_prompt_ids
 
     path = args.work / "costs.json"
     if path.is_file():
         return json.loads(path.read_text())
-    log("costs: plain, verify and draft steps per batch size")
+    log("costs: plain, verify and draft steps per batch size, and a prefill")
     engine = Engine.load(args.work / "models" / "target-merged", args.work / "draft-domain", gamma=max(s["gammas"]),
                          device=args.device, dtype=s["dtype"], max_batch=max(s["concurrency"]), max_seq_len=1024)
     gammas = [g for g in s["gammas"] if g > 0]
-    parts = [p for t in s["temperatures"] for p in measure_parts(engine.runner, gammas, s["parts_batches"], temperature=t)]
+    pool = from_dataset(args.work / "prompts.jsonl")
+    prompt_tokens = round(sum(len(chat_prompt_ids(engine.tokenizer, p.messages)) for p in pool) / len(pool))
+    parts = []
+    for t in s["temperatures"]:
+        prefill_ms = measure_prefill(engine.runner, prompt_tokens, t)
+        for p in measure_parts(engine.runner, gammas, s["parts_batches"], temperature=t):
+            parts.append({**p, "prompt_tokens": prompt_tokens, "prefill_ms": prefill_ms,
+                          "prefill": prefill_ms / p["target_ms"]})
     parts = json.loads(json.dumps(parts))
     del engine
     if torch.cuda.is_available():
@@ -218,7 +229,8 @@ def stage_costs(args, s: dict) -> list[dict]:
     path.write_text(json.dumps(parts, indent=2) + "\n")
     for p in parts:
         log(f"costs: T {p['temperature']:g}, batch {p['batch']}: plain step {p['target_ms']:.3f} ms, c {p['c']:.3f}, "
-            + ", ".join(f"v({g}) {v:.3f}" for g, v in p["v"].items()))
+            + ", ".join(f"v({g}) {v:.3f}" for g, v in p["v"].items()) + f", prefill of {p['prompt_tokens']} tokens "
+            f"{p['prefill_ms']:.3f} ms")
     return parts
 
 
@@ -303,18 +315,38 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
 
 
-def predicted(row: dict, parts: list[dict]) -> float | None:
-    """E/(γc + v) at the row's concurrency and temperature (the step costs of the nearest measured batch size at or
-    above it, greedy or sampled like the row)."""
-    from specops.engine.gamma import predicted_speedup
-
-    g = row["gamma"]
-    if not isinstance(g, int) or g == 0 or not row.get("acceptance") or not parts:
+def _costs_for(row: dict, parts: list[dict]) -> dict | None:
+    """The step costs of the nearest measured batch size at or above the row's concurrency, greedy or sampled like
+    the row; None where the row has no prediction (γ = 0 or a schedule, no acceptance, no costs)."""
+    if not isinstance(row["gamma"], int) or row["gamma"] == 0 or not row.get("acceptance") or not parts:
         return None
     sampled = row["temperature"] > 0
     same = [p for p in parts if (p.get("temperature", 0.0) > 0) == sampled] or parts  # older files: greedy only
-    p = next((p for p in same if p["batch"] >= row["concurrency"]), same[-1])
-    return predicted_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"], p["v"][str(g)])
+    return next((p for p in same if p["batch"] >= row["concurrency"]), same[-1])
+
+
+def predicted(row: dict, parts: list[dict]) -> float | None:
+    """E/(γc + v) at the row's concurrency and temperature."""
+    from specops.engine.gamma import predicted_speedup
+
+    p = _costs_for(row, parts)
+    g = row["gamma"]
+    return None if p is None else predicted_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"],
+                                                    p["v"][str(g)])
+
+
+def predicted_with_prefill(row: dict, parts: list[dict]) -> float | None:
+    """The same with each request's prefill counted (``predicted_serving_speedup``), at the row's own mean answer
+    length; None where the costs have no prefill (files from before it was measured)."""
+    from specops.engine.gamma import predicted_serving_speedup
+
+    p = _costs_for(row, parts)
+    if p is None or "prefill" not in p or not row.get("requests_per_s"):
+        return None
+    g = row["gamma"]
+    return predicted_serving_speedup(row["acceptance"]["mean_acceptance_length"], g, p["c"], p["v"][str(g)],
+                                     p["prefill"], row["output_tokens_per_s"] / row["requests_per_s"],
+                                     row["concurrency"])
 
 
 def mean(r: dict, metric: str) -> float | None:
@@ -324,14 +356,14 @@ def mean(r: dict, metric: str) -> float | None:
 def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
     """The grid's rows with the prediction next to the measurement. E/(γc + v) models decoding alone, so besides the
     throughput speedup each row has the decode speedup (mean TPOT of γ = 0 over its own: what the formula
-    predicts) and the share of a request's time spent before its first token (prefill and queueing, which
-    speculation does not shorten)."""
+    predicts), the prediction with each request's prefill counted (the device time speculation does not shorten)
+    and the share of a request's time spent before its first token (prefill and queueing)."""
     plain = {(r["temperature"], r["concurrency"]): r for r in rows if r["gamma"] == 0}
     out = []
     for r in rows:
         sp = r.get("speedup_throughput") or {}
         a = r.get("acceptance") or {}
-        pred = predicted(r, parts)
+        pred, pred_prefill = predicted(r, parts), predicted_with_prefill(r, parts)
         meas = sp.get("value")
         base = plain.get((r["temperature"], r["concurrency"]))
         tpot, tpot0 = mean(r, "tpot"), base and mean(base, "tpot")
@@ -345,6 +377,8 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
             "speedup": meas, "speedup_ci95": [sp.get("ci95_low"), sp.get("ci95_high")],
             "goodput_rps": r["goodput_rps"], "predicted_speedup": pred,
             "measured_over_predicted": meas / pred if meas and pred else None,
+            "predicted_with_prefill": pred_prefill,
+            "measured_over_predicted_with_prefill": meas / pred_prefill if meas and pred_prefill else None,
             "decode_speedup": decode, "decode_over_predicted": decode / pred if decode and pred else None,
             "ttft_share": ttft / e2e if ttft and e2e else None,
             "in_flight_mean": r.get("in_flight_mean"),  # older files: absent
@@ -403,7 +437,7 @@ def print_tables(doc: dict) -> None:
                   + " ".join(f"{v:>7.3f}" for v in p["v"].values()))
     if doc.get("grid"):
         print("\nT    c  γ    tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms   E2E p50/p99 ms  acc   MAL  speedup [95% CI]"
-              "       goodput  pred  meas/pred  decode  dec/pred  TTFT share  in flight")
+              "       goodput  pred  meas/pred  +prefill  meas/+prefill  decode  dec/pred  TTFT share  in flight")
         for r in doc["grid"]:
             lo, hi = r["speedup_ci95"]
             print(f"{r['temperature']:<4g}{r['concurrency']:>3} {r['gamma']!s:>2} {r['output_tokens_per_s']:>8.1f} "
@@ -413,6 +447,7 @@ def print_tables(doc: dict) -> None:
                   f"{fmt(r['acceptance_rate'], '.3f'):>5} {fmt(r['mean_acceptance_length']):>5} "
                   f"{fmt(r['speedup'], '5.2f')} [{fmt(lo)}, {fmt(hi)}] {r['goodput_rps']:>8.2f} "
                   f"{fmt(r['predicted_speedup']):>5} {fmt(r['measured_over_predicted']):>9} "
+                  f"{fmt(r.get('predicted_with_prefill')):>9} {fmt(r.get('measured_over_predicted_with_prefill')):>14} "
                   f"{fmt(r['decode_speedup']):>7} {fmt(r['decode_over_predicted']):>9} {fmt(r['ttft_share']):>11} "
                   f"{fmt(r.get('in_flight_mean'), '.1f'):>10}")
     if doc.get("schedule"):

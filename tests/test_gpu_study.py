@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specops.engine.engine import Engine
-from specops.engine.gamma import measure_parts, predicted_speedup
+from specops.engine.gamma import measure_parts, measure_prefill, predicted_serving_speedup, predicted_speedup
 from specops.engine.sampling import SamplingParams
 from specops.fixtures.recipe import FULL, STUDY
 
@@ -27,6 +27,17 @@ def test_predicted_speedup_by_hand():
     assert predicted_speedup(1.0, 5, 0.1, 1.5) == pytest.approx(0.5)
     # γ = 1, E = 1.8, c = 0.2, v = 1.0: 1.8 / 1.2
     assert predicted_speedup(1.8, 1, 0.2, 1.0) == pytest.approx(1.5)
+
+
+def test_predicted_serving_speedup_by_hand():
+    # no prefill: E/(γc + v) whatever the answer length and batch
+    assert predicted_serving_speedup(3.0, 3, 0.05, 1.1, 0.0, 100, 64) == pytest.approx(2.4)
+    # batch 10, answers of 100 tokens, a prefill of 5 plain steps: plain 5 + 100/10 = 15 steps a request;
+    # speculative 5 + (100/3 rounds of 1.25 steps)/10 = 5 + 4.1667; 15 / 9.1667
+    assert predicted_serving_speedup(3.0, 3, 0.05, 1.1, 5.0, 100, 10) == pytest.approx(15 / (5 + 125 / 30))
+    # the prefill weighs more the larger the batch: it is paid alone, the rounds are shared
+    assert predicted_serving_speedup(3.0, 3, 0.05, 1.1, 0.5, 100, 64) < predicted_serving_speedup(
+        3.0, 3, 0.05, 1.1, 0.5, 100, 1) < 2.4
 
 
 def test_the_study_recipe_is_the_fixture_recipe_scaled_up():
@@ -71,6 +82,11 @@ def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_
     assert study.predicted(row(0.7), greedy) == pytest.approx(3 / (3 * 0.05 + 1.1))  # costs measured greedy only
     assert study.predicted({**row(0.0), "gamma": 0}, greedy) is None
     assert study.predicted(row(0.0), []) is None  # no step costs measured (a run cut short before them)
+    assert study.predicted_with_prefill(row(0.0), greedy) is None  # costs from before the prefill was measured
+    with_prefill = [{**p, "prefill": 2.0} for p in greedy]
+    served = {**row(0.0), "requests_per_s": 10.0, "output_tokens_per_s": 500.0}  # 50 tokens an answer
+    assert study.predicted_with_prefill(served, with_prefill) == pytest.approx(
+        (2 + 50 / 4) / (2 + 50 * (3 * 0.05 + 1.1) / (3 * 4)))
 
 
 def test_the_schedule_is_set_against_the_best_fixed_gamma_and_a_remeasurement_is_told_apart(tmp_path):
@@ -111,6 +127,8 @@ def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
     sampled = measure_parts(engine.runner, [3], [4], context=64, temperature=0.7)
     assert sampled[0]["temperature"] == 0.7 and sampled[0]["v"][3] > 0 and sampled[0]["c"] >= 0
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # sampling state overwritten again
+    assert measure_prefill(engine.runner, 40) > 0 and measure_prefill(engine.runner, 40, temperature=0.7) > 0
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # the prefilled slot is reused
 
 
 @pytest.mark.timeout(900)
@@ -128,6 +146,8 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert (work / "models" / "target-merged" / "model.safetensors").is_file()
     assert doc["draft"]["acceptance"]["after"]["gamma"] == 3
     assert [(p["temperature"], p["batch"]) for p in doc["costs"]] == [(0.0, 1), (0.0, 4), (0.7, 1), (0.7, 4)]
+    assert all(p["prompt_tokens"] > 0 and p["prefill"] == pytest.approx(p["prefill_ms"] / p["target_ms"])
+               for p in doc["costs"])
     points = {(r["temperature"], r["concurrency"], r["gamma"]) for r in doc["grid"]}
     assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}
     for r in doc["grid"]:
@@ -135,6 +155,8 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
         assert 0 < r["in_flight_mean"] <= r["concurrency"]
         if r["gamma"] == 3:
             assert r["predicted_speedup"] > 0 and r["speedup_ci95"][0] is not None  # two repeats: a CI
+            pred = r["predicted_speedup"]  # a prefill, the same for every γ, pulls the prediction towards 1
+            assert min(pred, 1.0) < r["predicted_with_prefill"] < max(pred, 1.0)
     for name in ("results.json", "results.csv", "recommendation.json"):
         assert (out / name).is_file()
     assert "speedup [95% CI]" in run.stdout and "meas/pred" in run.stdout

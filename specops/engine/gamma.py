@@ -61,6 +61,17 @@ def predicted_speedup(tokens_per_round: float, gamma: int, c: float, v: float) -
     return tokens_per_round / (gamma * c + v)
 
 
+def predicted_serving_speedup(tokens_per_round: float, gamma: int, c: float, v: float, prefill: float,
+                              tokens: float, batch: int) -> float:
+    """E/(γc + v) with each request's prefill counted: a request costs one prefill (``prefill``, in plain steps of
+    this batch size) and ``tokens`` / E rounds shared with ``batch`` - 1 others, against the same prefill and
+    ``tokens`` plain steps shared alike. A prefill takes as long with speculation as without, so the larger its
+    share of a request (short answers, requests joining a full batch one at a time) the closer to 1 a server's
+    speedup stays; with no prefill it is E/(γc + v)."""
+    plain = prefill + tokens / batch
+    return plain / (prefill + tokens * (gamma * c + v) / (tokens_per_round * batch))
+
+
 def choose_gamma(accept: list[float], round_cost: list[float], gamma_max: int) -> int:
     """The γ in 0..γ_max with the most tokens per cost, E(γ) / R(γ); ties go to the smaller γ."""
     best, best_rate = 0, 1.0 / round_cost[0]
@@ -192,6 +203,20 @@ def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: in
         out.append(row)
     _reset(runner)
     return out
+
+
+@torch.inference_mode()
+def measure_prefill(runner, tokens: int, temperature: float = 0.0) -> float:
+    """Milliseconds of one request's prefill of ``tokens`` prompt tokens (cache writes, first token, first drafts)
+    as the engine admits it alone, which is how requests join a loaded server: one as another finishes. On a free
+    slot of a runner that serves nothing yet, like the step costs."""
+    from specops.engine.sampling import SamplingParams
+
+    params = [SamplingParams(temperature=temperature)]
+    prompt = [[1] * min(tokens, runner.model.rotary.cos.shape[0] // 2)]
+    ms = _timed(lambda: runner.prefill([0], prompt, params).read(), runner.device, samples=3) * 1e3
+    _reset(runner)
+    return ms
 
 
 @torch.inference_mode()
