@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,8 +51,8 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
                             api_key=server.api_key, top_p=cfg.top_p, ignore_eos=cfg.ignore_eos, provenance=cfg.provenance,
                             timeout_s=cfg.request_timeout_s, response_format=cfg.response_format,
                             procs=cfg.client_procs)
-    if cfg.warmup:
-        warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), spec)
+    if cfg.warmup:  # it warms the server, not the load generator: one client process, not a spawn of several
+        warm = loadgen.run(workload.ordered(pool, cfg.warmup, cfg.seed + 1), replace(spec, procs=1))
         if not any(r.ok for r in warm.records):
             raise SpecopsError(f"every warm-up request failed at {_label(point)}: {warm.records[0].error}")
     timed = workload.ordered(pool, cfg.timed_requests(point.concurrency), cfg.seed)
