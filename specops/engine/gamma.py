@@ -68,8 +68,7 @@ def predicted_serving_speedup(tokens_per_round: float, gamma: int, c: float, v: 
     ``tokens`` plain steps shared alike. A prefill takes as long with speculation as without, so the larger its
     share of a request (short answers, requests joining a full batch one at a time) the closer to 1 a server's
     speedup stays; with no prefill it is E/(γc + v)."""
-    plain = prefill + tokens / batch
-    return plain / (prefill + tokens * (gamma * c + v) / (tokens_per_round * batch))
+    return (prefill + tokens / batch) / (prefill + tokens / batch / predicted_speedup(tokens_per_round, gamma, c, v))
 
 
 def choose_gamma(accept: list[float], round_cost: list[float], gamma_max: int) -> int:
