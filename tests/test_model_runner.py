@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import bigram_draft, make_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import kstest
 
 from specops.engine.engine import Engine
 from specops.engine.model_runner import buckets, prefill_shape, prefill_shapes
 from specops.engine.sampling import SamplingParams, logits_to_probs, sample_from, uniforms
+from specops.engine.scheduler import Scheduler
 from specops.engine.verify import verify
 from specops.models import kernels
 
@@ -214,3 +217,49 @@ def test_provenance_accounts_for_every_token_and_counter(target, overlap):
             assert r["tokens"][:k] == r["drafts"][:k] and len(r["tokens"]) == k + 1
             if k < 3:  # greedy: the target's correction differs from the draft it rejected
                 assert r["tokens"][k] != r["drafts"][k]
+
+
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12), slots=st.integers(1, 12),
+       limit=st.tuples(st.integers(2, 64), st.integers(1, 6)))
+@settings(max_examples=200, deadline=None)
+def test_admission_keeps_each_prefill_within_the_limit(lengths, slots, limit):
+    """Each step admits, in arrival order, a group that fits the largest padded prefill (fewer than n tokens, at
+    most r prompts) or one prompt alone, and never leaves a free slot idle while the group has room."""
+    sched = Scheduler(slots, 64, 64, [2], None)
+    for i, n in enumerate(lengths):
+        sched.add(f"r{i}", [5] * n, SamplingParams(temperature=0.0))
+    order = []
+    while sched.waiting:
+        group = sched.admit(limit)
+        assert group, "a step with free slots admits at least one request"
+        total = sum(len(r.prompt) for r in group)
+        assert len(group) == 1 or (total < limit[0] and len(group) <= limit[1])
+        nxt = sched.waiting[0] if sched.waiting else None
+        if nxt is not None and sched.free_slots:  # stopped by the limit, not by the slots
+            assert total + len(nxt.prompt) >= limit[0] or len(group) == limit[1]
+        order += [r.request_id for r in group]
+        for r in group:
+            sched.abort(r.request_id)
+    assert order == [f"r{i}" for i in range(len(lengths))]
+
+
+@pytest.mark.skipif(not kernels.available(), reason="Triton is not installed")
+def test_bursts_larger_than_every_padded_prefill_are_admitted_in_groups(target, monkeypatch):
+    """Eight prompts at once against padded prefills of at most 64 tokens: they are admitted over several steps,
+    each group padded (no prefill runs unpadded), and the tokens are the torch path's."""
+    import specops.engine.model_runner as mr
+
+    model_dir, hf = target
+    ps = [p * 3 for p in prompts(8, seed=5)]  # 6..33 tokens each, about 150 in all
+    params = [SamplingParams(temperature=0.8 if i % 2 else 0.0, max_tokens=4, seed=i) for i in range(len(ps))]
+    reference = run(build(model_dir, hf, 3), ps, params)
+    monkeypatch.setenv("SPECOPS_FUSED_KERNELS", "1")
+    monkeypatch.setattr(mr, "PREFILL_TOKENS", [16, 32, 64])
+    padded = build(model_dir, hf, 3, bucket_padding=True)
+    assert padded.runner.prefill_limit == (64, 4)
+    staged, eager = [], []
+    stage, unpadded = padded.runner._stage_prefill, padded.runner._prefill_eager
+    padded.runner._stage_prefill = lambda shape, slots, prompts: staged.append(shape) or stage(shape, slots, prompts)
+    padded.runner._prefill_eager = lambda *a: eager.append(a) or unpadded(*a)
+    assert run(padded, ps, params) == reference
+    assert not eager and len(staged) >= 3

@@ -166,7 +166,7 @@ class Engine:
             self._first_tokens(*admitting, outputs)
         if previous is not None:
             self._finish(*previous, outputs)
-        admitted = self.scheduler.admit()
+        admitted = self.scheduler.admit(self.runner.prefill_limit)
         if admitted:
             admit_constraints = _constraints(admitted)
             pending = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],

@@ -168,6 +168,10 @@ class ModelRunner:
         self._first = HostBuffers(max_batch, pinned)
         # Captured prefills read their inputs from one device buffer, laid out per shape by ``prefill_layout``.
         self._prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int | None]] = {}
+        # A group of prompts too large for every padded prefill would run unpadded, eagerly, and on CUDA the first
+        # such prefill of a process compiles kernels (over a second on an H100): admission keeps each group within
+        # the largest (tokens, rows).
+        self.prefill_limit = prefill_shapes(self.scratch)[-1] if self.buckets is not None and self.fused else None
         if self.buckets is not None and self.fused:
             self._prefill_in = torch.zeros(sum(prefill_layout(PREFILL_TOKENS[-1], max_batch)), dtype=torch.long,
                                            device=dev)

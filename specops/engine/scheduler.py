@@ -104,11 +104,17 @@ class Scheduler:
         """The running requests, in slot order."""
         return [self.running[s] for s in sorted(self.running)]
 
-    def admit(self) -> list[Request]:
-        """Waiting requests moved into free slots (lowest first), as many as there are slots."""
-        admitted = []
+    def admit(self, limit: tuple[int, int] | None = None) -> list[Request]:
+        """Waiting requests moved into free slots (lowest first), in arrival order, as many as there are slots; with
+        ``limit`` (tokens n, rows r) only as many as one prefill of fewer than n prompt tokens and at most r prompts
+        holds (a longer prompt goes alone): the rest wait for the next step."""
+        admitted, tokens = [], 0
         while self.waiting and self.free_slots:
+            if limit is not None and admitted and (tokens + len(self.waiting[0].prompt) >= limit[0]
+                                                   or len(admitted) >= limit[1]):
+                break
             req = self.waiting.popleft()
+            tokens += len(req.prompt)
             req.slot = self.free_slots.pop(0)
             self.running[req.slot] = req
             admitted.append(req)
