@@ -31,9 +31,9 @@ finished or not.
 
 The exit code is 0 once every stage is complete, 3 while some remain. Where a job may hold the GPU only minutes at a
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
-base, and the next one goes on from it. On an H100 the models took 4–4.5 minutes (a pretraining step 51–60 ms, a
-LoRA step 185–220 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
-about 9.5 and the schedule's sweeps about 3: some 19 minutes in all.
+base, and the next one goes on from it. On an H100 the models took 4.5–5 minutes (a pretraining step 51–64 ms, a
+LoRA step 185–230 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
+about 8.5 and the schedule's sweeps about 3: some 18 minutes in all.
 """
 
 from __future__ import annotations
