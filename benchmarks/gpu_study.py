@@ -17,7 +17,8 @@ goes on where it stopped when started again:
    verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step; and one request's prefill
    at the held-out prompts' mean length, as a loaded server admits requests: one at a time.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
-   sweep of its own (as many repeats as the grid), against the best fixed γ of the grid at each concurrency.
+   sweep of its own (as many repeats as the grid), side by side with each fixed γ the grid found best at some
+   concurrency, measured again in that sweep: the schedule is set against the best fixed γ at each concurrency.
 
 Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
 with its 95 % CI, goodput under the 2 s SLO, the speedup E/(γc + v) predicted from the measured acceptance and step
@@ -33,7 +34,8 @@ The exit code is 0 once every stage is complete, 3 while some remain. Where a jo
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
 base, and the next one goes on from it. On an H100 the models took 4.5–5 minutes (a pretraining step 51–64 ms, a
 LoRA step 185–230 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
-about 8.5 and the schedule's sweeps about 3: some 18 minutes in all.
+about 8.5 and the schedule's sweeps about 3 (about 7 with the fixed γ values measured again beside it, a server
+start of about a minute each): some 22 minutes in all.
 """
 
 from __future__ import annotations
@@ -289,10 +291,22 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
         return False
 
 
+def best_fixed(rows: list[dict], temperature: float, concurrency: int) -> dict | None:
+    """The fixed-γ row with the most goodput (then throughput) at that temperature and concurrency."""
+    fixed = [r for r in rows if r["temperature"] == temperature and r["concurrency"] == concurrency
+             and isinstance(r["gamma"], int)]
+    return max(fixed, key=lambda r: (r["goodput_rps"], r["output_tokens_per_s"]), default=None)
+
+
 def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
-    """Per temperature: the recommended batch-size schedule in a short sweep of its own, recorded in ``out`` as it
-    starts (so a stopped run still reports what it measured)."""
+    """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
+    γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
+    the grid's noisy figures would favour the fixed side), recorded in ``out`` as it starts (so a stopped run still
+    reports what it measured). The schedule's server goes first: on two CPU cores the first server of a sweep measured
+    slower (0.64-0.76 of its peer in the tiny study, 1.20-1.28 with the order swapped), so any such bias goes
+    against the schedule."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
+    grid = json.loads((args.work / "grid" / "results.json").read_text())["configurations"]
     for block in rec["by_temperature"]:
         t = block["temperature"]
         ranges = block["embedded"]["gamma_per_batch_size"]
@@ -302,9 +316,10 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
         run = args.work / f"schedule-t{t:g}"
         if left(args) < 60:
             break
-        out[str(t)] = {"schedule": ranges, "run": run.name, "complete": False}
-        out[str(t)]["complete"] = sweep(args, s, run, prompts, "schedule", f"{t:g}", s["repeats"],
-                                        ["--gamma-schedule", json.dumps(ranges)])
+        peers = sorted({b["gamma"] for c in s["concurrency"] if (b := best_fixed(grid, t, c)) is not None})
+        out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "complete": False}
+        out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join(["schedule", *map(str, peers)]), f"{t:g}",
+                                        s["repeats"], ["--gamma-schedule", json.dumps(ranges)])
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -387,9 +402,12 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
 
 
 def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
-    """Per temperature and concurrency: the schedule's goodput against the best fixed γ's in the grid. Where the
-    schedule runs that same γ at every batch size up to the concurrency, the two are one configuration measured
-    twice (``same_configuration``): their ratio is the run-to-run spread, not the schedule's doing."""
+    """Per temperature and concurrency: the schedule's goodput against the best fixed γ of the grid, as measured
+    again in the schedule's own sweep (``peer``: "same run", with the throughput ratio's 95 % CI over repeats), or
+    the grid's figure where that sweep has none (runs from before it measured its peers). Where the schedule runs that
+    same γ at every batch size up to the concurrency, the two are one configuration (``same_configuration``): their
+    ratio is the spread between two servers, not the schedule's doing."""
+    from specops.bench.latency import ratio_ci
     from specops.engine.config import gamma_at
 
     out = []
@@ -397,19 +415,25 @@ def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
         path = work / info.get("run", "-") / "results.json"
         if not path.is_file():
             continue
-        for r in json.loads(path.read_text())["configurations"]:
-            fixed = [g for g in grid if g["temperature"] == r["temperature"] and g["concurrency"] == r["concurrency"]
-                     and isinstance(g["gamma"], int)]
-            best = max(fixed, key=lambda g: (g["goodput_rps"], g["output_tokens_per_s"]), default=None)
+        measured = json.loads(path.read_text())["configurations"]
+        for r in (r for r in measured if r["gamma"] == "schedule"):
+            best = best_fixed(grid, r["temperature"], r["concurrency"])
+            peer = best and next((p for p in measured if p["gamma"] == best["gamma"] and p["concurrency"] ==
+                                  r["concurrency"] and p["temperature"] == r["temperature"]), None)
+            ref = peer or best
+            _, lo, hi = ratio_ci(r.get("output_tokens_per_s_repeats", []),
+                                 peer.get("output_tokens_per_s_repeats", []) if peer else [])
             out.append({"temperature": r["temperature"], "concurrency": r["concurrency"],
                         "schedule_goodput_rps": r["goodput_rps"],
                         "schedule_output_tokens_per_s": r["output_tokens_per_s"],
                         "best_fixed_gamma": best and best["gamma"],
-                        "best_fixed_goodput_rps": best and best["goodput_rps"],
+                        "best_fixed_goodput_rps": ref and ref["goodput_rps"],
+                        "peer": "same run" if peer else "grid",
                         "same_configuration": best is not None and all(
                             gamma_at(info["schedule"], b) == best["gamma"] for b in range(1, r["concurrency"] + 1)),
-                        "goodput_vs_best_fixed": r["goodput_rps"] / best["goodput_rps"]
-                        if best and best["goodput_rps"] else None})
+                        "goodput_vs_best_fixed": r["goodput_rps"] / ref["goodput_rps"]
+                        if ref and ref["goodput_rps"] else None,
+                        "throughput_ratio_ci95": [lo, hi]})
     return out
 
 
@@ -456,7 +480,10 @@ def print_tables(doc: dict) -> None:
             print(f"T {r['temperature']:g} c {r['concurrency']:>3}: schedule {r['schedule_goodput_rps']:.2f} rps, "
                   f"best fixed γ={r['best_fixed_gamma']} {fmt(r['best_fixed_goodput_rps'])} rps, "
                   f"ratio {fmt(r['goodput_vs_best_fixed'], '.3f')}"
-                  + (" (the same configuration measured again)" if r.get("same_configuration") else ""))
+                  + (" [{}, {}]".format(*(fmt(x, ".3f") for x in r["throughput_ratio_ci95"]))
+                     if r.get("throughput_ratio_ci95", [None])[0] is not None else "")
+                  + f" ({'measured side by side' if r.get('peer') == 'same run' else 'against the grid'}"
+                  + ("; the same configuration" if r.get("same_configuration") else "") + ")")
 
 
 def main() -> int:

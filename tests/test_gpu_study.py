@@ -107,6 +107,32 @@ def test_the_schedule_is_set_against_the_best_fixed_gamma_and_a_remeasurement_is
     # at 1 the schedule is γ = 5, the best fixed γ: one configuration measured twice; at 32 and 64 it switches γ
     assert got == {1: (5, pytest.approx(0.95), True), 32: (3, pytest.approx(52 / 50), False),
                    64: (5, pytest.approx(1.05), False)}
+    assert {r["peer"] for r in rows} == {"grid"} and all(r["throughput_ratio_ci95"] == [None, None] for r in rows)
+
+
+def test_the_schedule_is_set_against_its_peers_measured_in_the_same_run(tmp_path):
+    """Where the schedule's sweep measured the best fixed γ again, the ratio is against that figure (not the grid's,
+    the best of several noisy ones), with a CI from both sides' repeats."""
+    def point(conc, gamma, repeats):
+        tps = sum(repeats) / len(repeats)
+        return {"temperature": 0.7, "concurrency": conc, "gamma": gamma, "goodput_rps": tps / 100,
+                "output_tokens_per_s": tps, "output_tokens_per_s_repeats": repeats}
+
+    grid = [point(1, 3, [900.0]), point(1, 5, [1000.0]), point(64, 3, [6000.0]), point(64, 5, [5800.0])]
+    run = tmp_path / "schedule-t0.7"
+    run.mkdir()
+    measured = [point(1, "schedule", [960.0, 980.0]), point(1, 5, [940.0, 1000.0]),
+                point(64, "schedule", [5900.0, 5700.0]), point(64, 3, [5800.0, 5900.0])]
+    (run / "results.json").write_text(json.dumps({"configurations": measured}))
+    rows = gpu_study().schedule_table(grid, {"0.7": {"schedule": [[1, 16, 5], [17, 64, 3]], "run": run.name}},
+                                      tmp_path)
+    by = {r["concurrency"]: r for r in rows}
+    assert by[1]["best_fixed_gamma"] == 5 and by[1]["peer"] == "same run" and by[1]["same_configuration"]
+    assert by[1]["goodput_vs_best_fixed"] == pytest.approx(970 / 970)
+    assert by[64]["best_fixed_gamma"] == 3 and not by[64]["same_configuration"]
+    assert by[64]["goodput_vs_best_fixed"] == pytest.approx(5800 / 5850)  # not 5800 / 6000, the grid's
+    lo, hi = by[64]["throughput_ratio_ci95"]
+    assert lo < 5800 / 5850 < hi and lo > 0.5 and hi < 2
 
 
 def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
@@ -159,6 +185,9 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
             assert min(pred, 1.0) < r["predicted_with_prefill"] < max(pred, 1.0)
     for name in ("results.json", "results.csv", "recommendation.json"):
         assert (out / name).is_file()
+    for t, info in doc["schedule_runs"].items():  # each schedule set against its peers, measured beside it
+        rows = [r for r in doc["schedule"] if r["temperature"] == float(t)]
+        assert ("peers" in info) == bool(rows) and all(r["peer"] == "same run" for r in rows)
     assert "speedup [95% CI]" in run.stdout and "meas/pred" in run.stdout
     # a second call finds every stage done and measures nothing again
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
