@@ -302,9 +302,8 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
     γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
     the grid's noisy figures would favour the fixed side), recorded in ``out`` as it starts (so a stopped run still
-    reports what it measured). The schedule's server goes first: on two CPU cores the first server of a sweep measured
-    slower (0.64-0.76 of its peer in the tiny study, 1.20-1.28 with the order swapped), so any such bias goes
-    against the schedule."""
+    reports what it measured). The schedule's server goes first, so that whatever a sweep's first server may lose
+    (the tiny study's points, 0.2 s each on a CPU, measured it 20-35 % slower either way round) goes against it."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
     grid = json.loads((args.work / "grid" / "results.json").read_text())["configurations"]
     for block in rec["by_temperature"]:
