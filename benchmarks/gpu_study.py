@@ -292,10 +292,14 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
 
 
 def best_fixed(rows: list[dict], temperature: float, concurrency: int) -> dict | None:
-    """The fixed-γ row with the most goodput (then throughput) at that temperature and concurrency."""
+    """The fixed-γ row with the most goodput at that temperature and concurrency, ties broken as the recommendation
+    breaks them (more throughput, then the smaller γ): the recommendation's ``best_gamma_goodput``."""
+    from specops.bench.store import gamma_order
+
     fixed = [r for r in rows if r["temperature"] == temperature and r["concurrency"] == concurrency
              and isinstance(r["gamma"], int)]
-    return max(fixed, key=lambda r: (r["goodput_rps"], r["output_tokens_per_s"]), default=None)
+    return max(fixed, key=lambda r: (r["goodput_rps"], r["output_tokens_per_s"], -gamma_order(r["gamma"])),
+               default=None)
 
 
 def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
@@ -305,7 +309,6 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     reports what it measured). The schedule's server goes first, so that whatever a sweep's first server may lose
     (the tiny study's points, 0.2 s each on a CPU, measured it 20-35 % slower either way round) goes against it."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
-    grid = json.loads((args.work / "grid" / "results.json").read_text())["configurations"]
     for block in rec["by_temperature"]:
         t = block["temperature"]
         ranges = block["embedded"]["gamma_per_batch_size"]
@@ -315,7 +318,7 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
         run = args.work / f"schedule-t{t:g}"
         if left(args) < 60:
             break
-        peers = sorted({b["gamma"] for c in s["concurrency"] if (b := best_fixed(grid, t, c)) is not None})
+        peers = sorted({level["best_gamma_goodput"] for level in block["levels"]})
         out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "complete": False}
         out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join(["schedule", *map(str, peers)]), f"{t:g}",
                                         s["repeats"], ["--gamma-schedule", json.dumps(ranges)])
