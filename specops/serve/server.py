@@ -69,29 +69,38 @@ class ApiSettings:
     api_key: Optional[str]
 
 
-def _serve(runner, api: ApiSettings, sock: socket.socket) -> None:
-    """Run the app over ``runner`` on ``sock`` until SIGTERM/SIGINT, draining in-flight requests first."""
+def _server(runner, api: ApiSettings):
+    """The uvicorn server of the app over ``runner``, built and loaded (imports, routes, its protocol classes) with
+    the heap settled after, so that it answers its first connection as fast as its thousandth."""
     import uvicorn
 
     from specops.serve.app import create_app
 
     state = build_state(runner, model_name=api.model_name, max_seq_len=api.max_seq_len, max_queue=api.max_queue)
-    app = create_app(state, api_key=api.api_key)
+    config = uvicorn.Config(create_app(state, api_key=api.api_key), log_level="warning",
+                            timeout_graceful_shutdown=None)
+    config.load()
     settle_heap()
+    return uvicorn.Server(config)
+
+
+def _serve(server, sock: socket.socket) -> None:
+    """Run ``server`` (see ``_server``) on ``sock`` until SIGTERM/SIGINT, draining in-flight requests first."""
     # uvicorn (on uvloop and httptools when installed) handles SIGTERM/SIGINT: it stops accepting, waits for
     # in-flight responses, runs shutdown, then re-raises the signal with the previous handler. A drained SIGTERM or
     # Ctrl-C is a normal exit, so the SIGTERM handler exits 0 and the KeyboardInterrupt is swallowed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None)).run(sockets=[sock])
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
 
 
 def _api_main(link, engine_info: tuple, api: ApiSettings, address: tuple, parent: int, ready, go) -> None:
-    """An API process beyond the first: its own link to the engine and its own socket on the same address. It
-    serves once the first process does (so that whoever sees the server answer can also stop it), and exits with
-    that process, should it be killed outright."""
+    """An API process beyond the first: its own link to the engine and its own socket on the same address. It is
+    ready once its app is built (connections the kernel gives it before then would wait for its imports), serves
+    once the first process does (so that whoever sees the server answer can also stop it), and exits with that
+    process, should it be killed outright."""
     import threading
 
     from specops.serve.engine_process import EngineClient
@@ -104,16 +113,16 @@ def _api_main(link, engine_info: tuple, api: ApiSettings, address: tuple, parent
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="specops-parent-watch", daemon=True).start()
-    runner = EngineClient(link, *engine_info)
+    server = _server(EngineClient(link, *engine_info), api)
     sock = listen(*address, shared=True)
     ready.release()
     go.wait()
-    _serve(runner, api, sock)
+    _serve(server, sock)
 
 
 def _start_peers(engine, api: ApiSettings, address: tuple, timeout_s: float = 300.0):
-    """API processes 1.. over the engine's other links, returned once each listens (connections made before then
-    would all land on the first process); they serve once ``Peers.go`` is set."""
+    """API processes 1.. over the engine's other links, returned once each has built its app and listens
+    (connections made before then would all land on the first process); they serve once ``Peers.go`` is set."""
     from specops.serve.engine_process import Peers
 
     ctx = mp.get_context("spawn")
@@ -176,9 +185,9 @@ def run_server(
         from specops.engine.engine import Engine
         from specops.serve.runner import EngineRunner
 
-        runner = EngineRunner(Engine.from_config(cfg))
+        server = _server(EngineRunner(Engine.from_config(cfg)), api)
         log.info("serving %s on http://%s:%d/v1", api.model_name, *address)
-        _serve(runner, api, sock)
+        _serve(server, sock)
         return
     metrics_dir = None
     if api_procs > 1:  # each API process counts into files here, and /metrics reads them all
@@ -189,8 +198,9 @@ def run_server(
 
         engine = EngineProcess(cfg, links=api_procs)
         peers = _start_peers(engine, api, address)
+        server = _server(engine.client(0, peers), api)
         log.info("serving %s on http://%s:%d/v1 with %d API process(es)", api.model_name, *address, api_procs)
-        _serve(engine.client(0, peers), api, sock)
+        _serve(server, sock)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
