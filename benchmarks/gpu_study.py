@@ -306,8 +306,7 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
     γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
     the grid's noisy figures would favour the fixed side), recorded in ``out`` as it starts (so a stopped run still
-    reports what it measured). The schedule's server goes first, so that whatever a sweep's first server may lose
-    (the tiny study's points, 0.2 s each on a CPU, measured it 20-35 % slower either way round) goes against it."""
+    reports what it measured). The sweep starts its servers in γ order, the schedule's after its peers'."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
     for block in rec["by_temperature"]:
         t = block["temperature"]
@@ -320,7 +319,7 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
             break
         peers = sorted({level["best_gamma_goodput"] for level in block["levels"]})
         out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "complete": False}
-        out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join(["schedule", *map(str, peers)]), f"{t:g}",
+        out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join([*map(str, peers), "schedule"]), f"{t:g}",
                                         s["repeats"], ["--gamma-schedule", json.dumps(ranges)])
 
 
