@@ -34,8 +34,8 @@ The exit code is 0 once every stage is complete, 3 while some remain. Where a jo
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
 base, and the next one goes on from it. On an H100 the models took 4.5–5 minutes (a pretraining step 51–64 ms, a
 LoRA step 185–230 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
-about 8.5 and the schedule's sweeps about 3 (about 7 with the fixed γ values measured again beside it, a server
-start of about a minute each): some 22 minutes in all.
+about 9 and the schedule's sweeps, with the fixed γ values measured again beside the schedule, about 7 (a server
+start of about a minute each): some 24 minutes in all.
 """
 
 from __future__ import annotations
