@@ -438,6 +438,26 @@ def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     return out
 
 
+def server_spread(grid: list[dict], runs: dict, work: Path) -> list[dict]:
+    """Each fixed γ that a schedule sweep measured again, against the grid's figure for it: one configuration on two
+    servers of the same settings. Their ratio is the spread the repeats of one server leave out of every CI, and
+    the yardstick for any ratio between two servers (the schedule's against its peer's)."""
+    at = {(r["temperature"], r["concurrency"], r["gamma"]): r for r in grid}
+    out = []
+    for info in runs.values():
+        path = work / info.get("run", "-") / "results.json"
+        if not path.is_file():
+            continue
+        for r in json.loads(path.read_text())["configurations"]:
+            g = at.get((r["temperature"], r["concurrency"], r["gamma"]))
+            if g is not None and g["output_tokens_per_s"]:
+                out.append({"temperature": r["temperature"], "concurrency": r["concurrency"], "gamma": r["gamma"],
+                            "grid_output_tokens_per_s": g["output_tokens_per_s"],
+                            "again_output_tokens_per_s": r["output_tokens_per_s"],
+                            "ratio": r["output_tokens_per_s"] / g["output_tokens_per_s"]})
+    return out
+
+
 def fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -485,6 +505,10 @@ def print_tables(doc: dict) -> None:
                      if r.get("throughput_ratio_ci95", [None])[0] is not None else "")
                   + f" ({'measured side by side' if r.get('peer') == 'same run' else 'against the grid'}"
                   + ("; the same configuration" if r.get("same_configuration") else "") + ")")
+    spread = [r["ratio"] for r in doc.get("server_spread") or []]
+    if spread:
+        print(f"one configuration on two servers (a schedule sweep's over the grid's, {len(spread)} points): "
+              f"{min(spread):.3f} to {max(spread):.3f} of the output tok/s")
 
 
 def main() -> int:
@@ -530,6 +554,7 @@ def main() -> int:
             rows = json.loads(results.read_text())["configurations"]
             doc["grid"] = grid_table(rows, doc.get("costs") or [])
             doc["schedule"] = schedule_table(doc["grid"], doc.get("schedule_runs", {}), args.work)
+            doc["server_spread"] = server_spread(doc["grid"], doc.get("schedule_runs", {}), args.work)
             for name in ("results.json", "results.csv", "recommendation.json"):
                 if (args.work / "grid" / name).is_file():
                     shutil.copy(args.work / "grid" / name, out / name)

@@ -135,6 +135,22 @@ def test_the_schedule_is_set_against_its_peers_measured_in_the_same_run(tmp_path
     assert lo < 5800 / 5850 < hi and lo > 0.5 and hi < 2
 
 
+def test_a_fixed_gamma_measured_again_gives_the_spread_between_two_servers(tmp_path):
+    def point(conc, gamma, tps):
+        return {"temperature": 0.0, "concurrency": conc, "gamma": gamma, "output_tokens_per_s": tps}
+
+    grid = [point(1, 3, 900.0), point(1, 5, 1000.0), point(64, 5, 5000.0)]
+    run = tmp_path / "schedule-t0"
+    run.mkdir()
+    again = [point(1, "schedule", 990.0), point(1, 5, 1030.0), point(64, 5, 4800.0), point(16, 5, 3000.0)]
+    (run / "results.json").write_text(json.dumps({"configurations": again}))
+    runs = {"0.0": {"schedule": [[1, 64, 5]], "run": run.name}, "0.7": {"note": "no speculation recommended"}}
+    rows = gpu_study().server_spread(grid, runs, tmp_path)
+    # the schedule is no fixed γ, and concurrency 16 is not in the grid: neither is a pair
+    assert [(r["concurrency"], r["gamma"], r["ratio"]) for r in rows] == [(1, 5, pytest.approx(1.03)),
+                                                                          (64, 5, pytest.approx(0.96))]
+
+
 def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
     prompts = [[1, 5, 9, 14, 20], [1, 30, 31]]
     params = SamplingParams(temperature=0.0, max_tokens=24)
