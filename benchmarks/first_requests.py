@@ -47,8 +47,7 @@ def parse() -> argparse.Namespace:
 def ttft_ms(base_url: str, messages: list[dict], max_tokens: int) -> float:
     """Milliseconds to the first streamed token of one chat request to ``base_url`` (ending in /v1), on a
     connection of its own."""
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     start, first = time.perf_counter(), None
     with httpx.Client(base_url=base_url, timeout=120) as client, \
             client.stream("POST", "/chat/completions", json=body) as r:

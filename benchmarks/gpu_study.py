@@ -402,6 +402,14 @@ def grid_table(rows: list[dict], parts: list[dict]) -> list[dict]:
     return out
 
 
+def schedule_sweeps(runs: dict, work: Path):
+    """(the stage's record of a schedule sweep, its measured configurations) for each sweep that measured any."""
+    for info in runs.values():
+        path = work / info.get("run", "-") / "results.json"
+        if path.is_file():
+            yield info, json.loads(path.read_text())["configurations"]
+
+
 def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     """Per temperature and concurrency: the schedule's goodput against the best fixed γ of the grid, as measured
     again in the schedule's own sweep (``peer``: "same run", with the throughput ratio's 95 % CI over repeats), or
@@ -412,11 +420,7 @@ def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     from specops.engine.config import gamma_at
 
     out = []
-    for t, info in runs.items():
-        path = work / info.get("run", "-") / "results.json"
-        if not path.is_file():
-            continue
-        measured = json.loads(path.read_text())["configurations"]
+    for info, measured in schedule_sweeps(runs, work):
         for r in (r for r in measured if r["gamma"] == "schedule"):
             best = best_fixed(grid, r["temperature"], r["concurrency"])
             peer = best and next((p for p in measured if p["gamma"] == best["gamma"] and p["concurrency"] ==
@@ -444,11 +448,8 @@ def server_spread(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     the yardstick for any ratio between two servers (the schedule's against its peer's)."""
     at = {(r["temperature"], r["concurrency"], r["gamma"]): r for r in grid}
     out = []
-    for info in runs.values():
-        path = work / info.get("run", "-") / "results.json"
-        if not path.is_file():
-            continue
-        for r in json.loads(path.read_text())["configurations"]:
+    for _, measured in schedule_sweeps(runs, work):
+        for r in measured:
             g = at.get((r["temperature"], r["concurrency"], r["gamma"]))
             if g is not None and g["output_tokens_per_s"]:
                 out.append({"temperature": r["temperature"], "concurrency": r["concurrency"], "gamma": r["gamma"],

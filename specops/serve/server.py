@@ -70,8 +70,8 @@ class ApiSettings:
 
 
 def _server(runner, api: ApiSettings):
-    """The uvicorn server of the app over ``runner``, built and loaded (imports, routes, its protocol classes) with
-    the heap settled after, so that it answers its first connection as fast as its thousandth."""
+    """The uvicorn server of the app over ``runner``, built and loaded (imports, routes, its protocol classes) and
+    the heap settled after, all before it serves: a connection that arrives first waits for none of it."""
     import uvicorn
 
     from specops.serve.app import create_app
