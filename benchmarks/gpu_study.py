@@ -17,8 +17,8 @@ goes on where it stopped when started again:
    verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step; and one request's prefill
    at the held-out prompts' mean length, as a loaded server admits requests: one at a time.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
-   sweep of its own (as many repeats as the grid), side by side with each fixed γ the grid found best at some
-   concurrency, measured again in that sweep: the schedule is set against the best fixed γ at each concurrency.
+   sweep of its own (as many repeats as the grid), then each fixed γ the grid found best at some concurrency
+   measured again in the same run: the schedule is set against the best fixed γ at each concurrency.
 
 Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
 with its 95 % CI, goodput under the 2 s SLO, the speedup E/(γc + v) predicted from the measured acceptance and step
@@ -306,7 +306,9 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
     γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
     the grid's noisy figures would favour the fixed side), recorded in ``out`` as it starts (so a stopped run still
-    reports what it measured). The sweep starts its servers in γ order, the schedule's after its peers'."""
+    reports what it measured). The schedule is measured first, in a sweep of its own, and its peers in a second one
+    resumed in the same run directory (a sweep starts its servers in γ order, the schedule's last), so that a run cut
+    short still has the schedule, set against the grid's figures."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
     for block in rec["by_temperature"]:
         t = block["temperature"]
@@ -319,8 +321,11 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
             break
         peers = sorted({level["best_gamma_goodput"] for level in block["levels"]})
         out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "complete": False}
-        out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join([*map(str, peers), "schedule"]), f"{t:g}",
-                                        s["repeats"], ["--gamma-schedule", json.dumps(ranges)])
+        for gammas in ("schedule", ",".join([*map(str, peers), "schedule"])):
+            out[str(t)]["complete"] = sweep(args, s, run, prompts, gammas, f"{t:g}", s["repeats"],
+                                            ["--gamma-schedule", json.dumps(ranges)])
+            if not out[str(t)]["complete"]:
+                break
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
