@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -115,7 +116,9 @@ def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prom
             if not todo:
                 continue
             bar.update(grid, note=f"starting server drafter={drafter} γ={gamma}")
+            started = time.perf_counter()
             with serving(cfg, gamma, drafter) as server:
+                console.print(f"server drafter={drafter} γ={gamma} ready in {time.perf_counter() - started:.1f} s")
                 for p in todo:
                     bar.update(grid, note=_label(p))
                     bar.reset(reqs, total=cfg.timed_requests(p.concurrency))
