@@ -292,14 +292,13 @@ def sweep(args, s: dict, out: Path, prompts: Path, gammas: str, temperatures: st
 
 
 def best_fixed(rows: list[dict], temperature: float, concurrency: int) -> dict | None:
-    """The fixed-γ row with the most goodput at that temperature and concurrency, ties broken as the recommendation
-    breaks them (more throughput, then the smaller γ): the recommendation's ``best_gamma_goodput``."""
-    from specops.bench.store import gamma_order
+    """The fixed-γ row with the most goodput at that temperature and concurrency, chosen as the recommendation
+    chooses its ``best_gamma_goodput``."""
+    from specops.bench.recommend import best
 
     fixed = [r for r in rows if r["temperature"] == temperature and r["concurrency"] == concurrency
              and isinstance(r["gamma"], int)]
-    return max(fixed, key=lambda r: (r["goodput_rps"], r["output_tokens_per_s"], -gamma_order(r["gamma"])),
-               default=None)
+    return best(fixed, lambda r: r["goodput_rps"]) if fixed else None
 
 
 def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:

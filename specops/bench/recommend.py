@@ -18,7 +18,8 @@ from typing import Any, Optional
 from specops.bench.store import NAMED_GAMMAS, gamma_order
 
 
-def _best(rows: list[dict], key) -> dict:
+def best(rows: list[dict], key) -> dict:
+    """The row with the highest ``key``, ties broken by throughput, then by the smaller γ."""
     return max(rows, key=lambda r: (key(r), r["output_tokens_per_s"], -gamma_order(r["gamma"])))
 
 
@@ -52,8 +53,8 @@ def _temperature(t: float, rows: list[dict], draft: Optional[str]) -> dict[str, 
     levels, notes = [], []
     for conc in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == conc]
-        by_goodput = _best(at, lambda r: r["goodput_rps"])
-        by_throughput = _best(at, lambda r: r["output_tokens_per_s"])
+        by_goodput = best(at, lambda r: r["goodput_rps"])
+        by_throughput = best(at, lambda r: r["output_tokens_per_s"])
         met = by_goodput["goodput_rps"] > 0
         if not met:
             notes.append(f"no configuration met the SLO at concurrency {conc}; chosen by throughput")
@@ -99,15 +100,15 @@ def drafter_levels(rows: list[dict]) -> list[dict[str, Any]]:
         fixed = [r for r in at if _kind(r) == "eagle3"]
         if not fixed:
             continue  # nothing to compare with at this level
-        base = _best(fixed, lambda r: r["goodput_rps"])
+        base = best(fixed, lambda r: r["goodput_rps"])
         for name in sorted({_kind(r) for r in at} - {"eagle3"}):
-            best = _best([r for r in at if _kind(r) == name], lambda r: r["goodput_rps"])
-            out.append({"concurrency": conc, "drafter": name, "gamma": best["gamma"],
-                        "output_tokens_per_s": best["output_tokens_per_s"], "eagle3_gamma": base["gamma"],
+            top = best([r for r in at if _kind(r) == name], lambda r: r["goodput_rps"])
+            out.append({"concurrency": conc, "drafter": name, "gamma": top["gamma"],
+                        "output_tokens_per_s": top["output_tokens_per_s"], "eagle3_gamma": base["gamma"],
                         "eagle3_output_tokens_per_s": base["output_tokens_per_s"],
-                        "throughput_vs_eagle3": best["output_tokens_per_s"] / base["output_tokens_per_s"]
+                        "throughput_vs_eagle3": top["output_tokens_per_s"] / base["output_tokens_per_s"]
                         if base["output_tokens_per_s"] else None,
-                        "goodput_vs_eagle3": best["goodput_rps"] / base["goodput_rps"] if base["goodput_rps"] else None})
+                        "goodput_vs_eagle3": top["goodput_rps"] / base["goodput_rps"] if base["goodput_rps"] else None})
     return out
 
 
