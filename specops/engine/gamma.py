@@ -177,6 +177,21 @@ def _reset(runner) -> None:
     runner.ctx_len.zero_()
 
 
+def _fastest_rounds(runner, batch_sizes: list[int], steps: list[tuple[int, int]], context: int,
+                    temperature: float, passes: int) -> dict[tuple[int, int, int], float]:
+    """Seconds of the fastest round per (batch, verified drafts w, new drafts g), each (w, g) of ``steps`` timed in
+    each of ``passes`` sweeps over all of them: the first sweep also pays for each new shape's one-off kernel set-up,
+    and a moment of interference skews no single figure. Leaves the runner's slots free."""
+    best = {(b, w, g): float("inf") for b in batch_sizes for w, g in steps}
+    for _ in range(passes):
+        for b in batch_sizes:
+            timed = _round_timer(runner, b, context, temperature)
+            for w, g in steps:
+                best[(b, w, g)] = min(best[(b, w, g)], timed(w, g))
+    _reset(runner)
+    return best
+
+
 @torch.inference_mode()
 def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: int = 256,
                   temperature: float = 0.0, passes: int = 3) -> list[dict[str, Any]]:
@@ -186,17 +201,10 @@ def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: in
     (one draft step: the round's time beyond verification, over γ, at the largest γ). Then γ·c + v(γ) is the
     round's measured cost, and ``predicted_speedup`` turns a measured acceptance length into a throughput ratio.
     With ``temperature`` > 0 every step samples (distributions, the rejection test), which greedy steps skip.
-    As in ``measure_costs``, every step is timed in each of ``passes`` sweeps over all of them and the fastest
-    counts, so that a moment of interference skews no single ratio (one sweep gave v(3) above v(5))."""
+    Each step is the fastest of ``passes`` interleaved sweeps (one sweep once gave v(3) above v(5))."""
     context = min(context, runner.model.rotary.cos.shape[0] - 2 * (max(gammas) + 1))
     steps = [(0, 0)] + [(g, 0) for g in gammas] + [(g, g) for g in gammas]  # (verified drafts, new drafts)
-    best = {(b, w, g): float("inf") for b in batch_sizes for w, g in steps}
-    for _ in range(passes):
-        for b in batch_sizes:
-            timed = _round_timer(runner, b, context, temperature)
-            for w, g in steps:
-                best[(b, w, g)] = min(best[(b, w, g)], timed(w, g))
-    _reset(runner)
+    best = _fastest_rounds(runner, batch_sizes, steps, context, temperature, passes)
     out = []
     for b in batch_sizes:
         target = best[(b, 0, 0)]
@@ -232,17 +240,10 @@ def measure_costs(runner, gamma_max: int, batch_sizes: list[int], context: int =
     the engine runs them (replayed CUDA graphs where it uses them), on the free slots of a runner that serves
     nothing yet (what they write is overwritten by later prefills), at a
     ``context`` of the length of a typical prompt and answer (attention over it grows with γ too). Every
-    (batch, γ) is timed in each of ``passes`` sweeps over all of them and the fastest counts: the first sweep also
-    pays for each new shape's one-off kernel set-up."""
+    (batch, γ) is the fastest of ``passes`` interleaved sweeps (``_fastest_rounds``)."""
     context = min(context, runner.model.rotary.cos.shape[0] - 2 * (gamma_max + 1))  # within the caches' room
-    best = {(b, g): float("inf") for b in batch_sizes for g in range(gamma_max + 1)}
-    for _ in range(passes):
-        for b in batch_sizes:
-            timed = _round_timer(runner, b, context)
-            for g in range(gamma_max + 1):
-                best[(b, g)] = min(best[(b, g)], timed(g, g))
-    _reset(runner)
-    rounds = [[best[(b, g)] / best[(b, 0)] for g in range(gamma_max + 1)] for b in batch_sizes]
+    best = _fastest_rounds(runner, batch_sizes, [(g, g) for g in range(gamma_max + 1)], context, 0.0, passes)
+    rounds = [[best[(b, g, g)] / best[(b, 0, 0)] for g in range(gamma_max + 1)] for b in batch_sizes]
     return StepCosts(list(batch_sizes), rounds)
 
 
