@@ -301,6 +301,13 @@ def best_fixed(rows: list[dict], temperature: float, concurrency: int) -> dict |
     return best(fixed, lambda r: r["goodput_rps"]) if fixed else None
 
 
+def switching_first(blocks: list[dict]) -> list[dict]:
+    """The recommendation's temperatures with the schedules that switch γ first: one that keeps a single γ at every
+    batch size is that fixed γ, and its sweep measures little beyond the spread between two servers, so it goes last
+    when the budget may not reach both."""
+    return sorted(blocks, key=lambda b: len({g for *_, g in b["embedded"]["gamma_per_batch_size"]}) == 1)
+
+
 def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
     γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
@@ -309,7 +316,7 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     resumed in the same run directory (a sweep starts its servers in γ order, the schedule's last), so that a run cut
     short still has the schedule, set against the grid's figures."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
-    for block in rec["by_temperature"]:
+    for block in switching_first(rec["by_temperature"]):
         t = block["temperature"]
         ranges = block["embedded"]["gamma_per_batch_size"]
         if max(g for *_, g in ranges) == 0:

@@ -135,6 +135,14 @@ def test_the_schedule_is_set_against_its_peers_measured_in_the_same_run(tmp_path
     assert lo < 5800 / 5850 < hi and lo > 0.5 and hi < 2
 
 
+def test_schedules_that_switch_gamma_are_measured_first():
+    def block(t, ranges):
+        return {"temperature": t, "embedded": {"gamma_per_batch_size": ranges}}
+
+    blocks = [block(0.0, [[1, 64, 5]]), block(0.7, [[1, 4, 5], [5, 64, 3]]), block(1.0, [[1, 64, 0]])]
+    assert [b["temperature"] for b in gpu_study().switching_first(blocks)] == [0.7, 0.0, 1.0]
+
+
 def test_a_fixed_gamma_measured_again_gives_the_spread_between_two_servers(tmp_path):
     def point(conc, gamma, tps):
         return {"temperature": 0.0, "concurrency": conc, "gamma": gamma, "output_tokens_per_s": tps}
