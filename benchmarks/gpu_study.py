@@ -32,10 +32,10 @@ finished or not.
 
 The exit code is 0 once every stage is complete, 3 while some remain. Where a job may hold the GPU only minutes at a
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
-base, and the next one goes on from it. On an H100 the models took 4.5–5 minutes (a pretraining step 51–64 ms, a
+base, and the next one goes on from it. On an H100 the models took 4–5 minutes (a pretraining step 51–64 ms, a
 LoRA step 185–230 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
-about 9 and the schedule's sweeps, with the fixed γ values measured again beside the schedule, about 7 (a server
-start of about a minute each): some 24 minutes in all.
+7–9 and the schedule's sweeps, with the fixed γ values measured again beside the schedule, 6–7 (a server start of
+40–55 s each): 20–24 minutes in all.
 """
 
 from __future__ import annotations
