@@ -63,6 +63,9 @@ MAX_BATCH = typer.Option(16, "--max-batch", min=1, help="Requests decoded togeth
 MAX_SEQ_LEN = typer.Option(1024, "--max-seq-len", min=16, help="Prompt + completion tokens per request.")
 CUDA_GRAPHS = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                            help="On CUDA, replay each decode round as a captured CUDA graph.")
+PREFIX_CACHE = typer.Option(True, "--prefix-cache/--no-prefix-cache",
+                            help="Keep the keys and values of prompt prefixes requests share (a system prompt) and "
+                                 "prefill only the rest of a prompt that starts with one.")
 DRAFTER = typer.Option("eagle3", "--drafter", help=f"{' | '.join(DRAFTERS)}: what proposes draft tokens. schema+eagle3 "
                        "adds the tokens a request's JSON schema forces (beyond --gamma); schema proposes those alone, "
                        "without a draft model.")
@@ -70,11 +73,12 @@ DRAFTER = typer.Option("eagle3", "--drafter", help=f"{' | '.join(DRAFTERS)}: wha
 
 def engine_config(model: Path, lora: Optional[Path], lora_mode: str, draft: Optional[Path], gamma: str,
                   device: str, dtype: str, max_batch: int, max_seq_len: int, cuda_graphs: bool,
-                  drafter: str, gamma_schedule: Optional[str]) -> EngineConfig:
+                  drafter: str, gamma_schedule: Optional[str], prefix_cache: bool) -> EngineConfig:
     g, adaptive = parse_gamma(gamma)
     return EngineConfig(model=model, lora=lora, lora_mode=lora_mode, draft=draft, gamma=g, adaptive_gamma=adaptive,
                         device=device, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len,
-                        cuda_graphs=cuda_graphs, drafter=drafter, gamma_schedule=gamma_schedule).validate()
+                        cuda_graphs=cuda_graphs, drafter=drafter, gamma_schedule=gamma_schedule,
+                        prefix_cache=prefix_cache).validate()
 
 
 @app.command()
@@ -96,13 +100,13 @@ def generate(
                                                help="JSON schema file every output must follow (constrained decoding)."),
     drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
-    cuda_graphs: bool = CUDA_GRAPHS,
+    cuda_graphs: bool = CUDA_GRAPHS, prefix_cache: bool = PREFIX_CACHE,
 ) -> None:
     """Decode a file of requests with the embedded engine (speculatively when --draft is given)."""
     from specops import generate as gen
 
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
-                        drafter, gamma_schedule)
+                        drafter, gamma_schedule, prefix_cache)
     stats = gen.run(cfg, prompts=prompts, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
                     max_tokens=max_tokens, seed=seed, provenance=provenance, json_schema=json_schema)
     typer.echo(f"wrote {out}", err=True)
@@ -136,7 +140,7 @@ def serve(
              "and /metrics adds them up. Above 1 it implies --engine-process."),
     drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
-    cuda_graphs: bool = CUDA_GRAPHS,
+    cuda_graphs: bool = CUDA_GRAPHS, prefix_cache: bool = PREFIX_CACHE,
 ) -> None:
     """OpenAI-compatible HTTP server over the engine: /v1/completions, /v1/chat/completions, /metrics, /health."""
     import logging
@@ -145,7 +149,7 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
-                        drafter, gamma_schedule)
+                        drafter, gamma_schedule, prefix_cache)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name,
                engine_process=engine_process, api_procs=api_procs)
 

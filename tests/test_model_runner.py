@@ -114,7 +114,7 @@ def test_padded_prefills_overlapped_equal_the_reference_path(target, monkeypatch
     padded = build(model_dir, hf, 3, bucket_padding=True, overlap=True)
     staged = []
     stage = padded.runner._stage_prefill
-    padded.runner._stage_prefill = lambda shape, slots, prompts: staged.append(shape) or stage(shape, slots, prompts)
+    padded.runner._stage_prefill = lambda shape, *a: staged.append(shape) or stage(shape, *a)
     assert run(padded, ps, params) == reference
     assert staged[0] == (128, 8) and len(staged) >= 2
 
@@ -259,7 +259,7 @@ def test_bursts_larger_than_every_padded_prefill_are_admitted_in_groups(target, 
     assert padded.runner.prefill_limit == (64, 4)
     staged, eager = [], []
     stage, unpadded = padded.runner._stage_prefill, padded.runner._prefill_eager
-    padded.runner._stage_prefill = lambda shape, slots, prompts: staged.append(shape) or stage(shape, slots, prompts)
+    padded.runner._stage_prefill = lambda shape, *a: staged.append(shape) or stage(shape, *a)
     padded.runner._prefill_eager = lambda *a: eager.append(a) or unpadded(*a)
     assert run(padded, ps, params) == reference
     assert not eager and len(staged) >= 3

@@ -27,7 +27,7 @@ class EngineConfig:
     ``drafter``: ``eagle3`` proposes with the draft alone; ``schema+eagle3`` adds the tokens a request's JSON schema
     forces, beyond γ; ``schema`` proposes forced tokens alone, with no draft model. ``gamma_schedule`` (JSON text or
     [start, end, γ] ranges, see ``parse_gamma_schedule``): γ by running batch size; ``gamma`` is then its largest γ,
-    the most drafts a round takes."""
+    the most drafts a round takes. ``prefix_cache``: reuse the keys and values of prompt prefixes requests share."""
 
     model: Path
     lora: Optional[Path] = None
@@ -42,6 +42,7 @@ class EngineConfig:
     drafter: str = "eagle3"
     adaptive_gamma: bool = False  # --gamma auto: γ chosen every step, at most ``gamma``
     gamma_schedule: Optional[GammaSchedule] = None
+    prefix_cache: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -105,6 +106,8 @@ class EngineConfig:
             args += ["--drafter", self.drafter]
         if not self.cuda_graphs:
             args.append("--no-cuda-graphs")
+        if not self.prefix_cache:
+            args.append("--no-prefix-cache")
         return args
 
 

@@ -25,6 +25,8 @@ from specops.engine.gamma import CALIBRATION_FILE, AdaptiveGamma, load_or_measur
 from specops.engine.model_runner import Mode, ModelRunner, Pending, buckets
 from specops.engine.sampling import SamplingParams
 from specops.engine.scheduler import Output, Request, Scheduler, StepOutput
+
+PREFIX_SLOTS = 4  # cache slots for shared prompt prefixes (a task's system prompt needs one)
 from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
@@ -55,6 +57,7 @@ class Engine:
         adaptive_gamma: bool = False,
         calibration: Path | None = None,
         gamma_schedule: GammaSchedule | None = None,
+        prefix_cache: bool = True,
     ):
         """``cuda_graphs``: capture rounds as CUDA graphs where the fused kernels run (CUDA); ``bucket_padding``:
         pad batches to the graph buckets (default: exactly when graphs are used); ``overlap``: queue each round
@@ -62,7 +65,9 @@ class Engine:
         schema-forced tokens a constrained request drafts beyond γ per round (0: off; without a draft, forced
         tokens alone); ``adaptive_gamma``: choose γ in 0..``gamma`` every step (``engine.gamma``), with the step
         costs read from or measured into ``calibration`` (a JSON file; None: measured, not kept);
-        ``gamma_schedule``: γ by running batch size instead (``config.parse_gamma_schedule``), each at most ``gamma``."""
+        ``gamma_schedule``: γ by running batch size instead (``config.parse_gamma_schedule``), each at most ``gamma``;
+        ``prefix_cache``: keep the keys and values of prompt prefixes that requests share, and prefill only the rest
+        of a prompt that starts with one (``engine.prefix_cache``)."""
         if gamma < 0:
             raise SpecopsError(f"gamma must be >= 0, got {gamma}")
         if gamma_schedule is not None and schedule_gamma(gamma_schedule) > gamma:
@@ -83,7 +88,7 @@ class Engine:
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_id))
         self.device = model.model.embed_tokens.weight.device
         self.runner = ModelRunner(model, self.draft, self.gamma, max_batch, max_seq_len, cuda_graphs, bucket_padding,
-                                  forced_tokens)
+                                  forced_tokens, PREFIX_SLOTS if prefix_cache else 0)
         self.speculative = self.draft is not None or forced_tokens > 0  # outputs carry acceptance counters
         self.gamma_schedule = gamma_schedule if self.draft is not None else None
         self.controller = None
@@ -121,7 +126,7 @@ class Engine:
                    eos_token_ids=eos_token_ids(cfg.model, model, tokenizer), cuda_graphs=cfg.cuda_graphs,
                    forced_tokens=cfg.forced_tokens, adaptive_gamma=cfg.adaptive_gamma,
                    calibration=None if draft_dir is None else Path(draft_dir) / CALIBRATION_FILE,
-                   gamma_schedule=cfg.gamma_schedule)
+                   gamma_schedule=cfg.gamma_schedule, prefix_cache=cfg.prefix_cache)
 
     @classmethod
     def load(cls, model_dir: str | Path, draft: str | Path | Eagle3Draft | None = None, **settings) -> "Engine":
@@ -166,7 +171,7 @@ class Engine:
             self._first_tokens(*admitting, outputs)
         if previous is not None:
             self._finish(*previous, outputs)
-        admitted = self.scheduler.admit(self.runner.prefill_limit)
+        admitted = self.scheduler.admit(self.runner.prefill_limit, self.runner.uncached)
         if admitted:
             admit_constraints = _constraints(admitted)
             pending = self.runner.prefill([r.slot for r in admitted], [r.prompt for r in admitted],

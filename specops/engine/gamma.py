@@ -224,12 +224,12 @@ def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: in
 def measure_prefill(runner, tokens: int, temperature: float = 0.0) -> float:
     """Milliseconds of one request's prefill of ``tokens`` prompt tokens (cache writes, first token, first drafts)
     as the engine admits it alone, which is how requests join a loaded server: one as another finishes. On a free
-    slot of a runner that serves nothing yet, like the step costs."""
+    slot of a runner that serves nothing yet, like the step costs; the whole prompt, no prefix cached."""
     from specops.engine.sampling import SamplingParams
 
     params = [SamplingParams(temperature=temperature)]
     prompt = [[1] * min(tokens, runner.model.rotary.cos.shape[0] // 2)]
-    ms = _timed(lambda: runner.prefill([0], prompt, params).read(), runner.device, samples=3) * 1e3
+    ms = _timed(lambda: runner.prefill([0], prompt, params, cached=False).read(), runner.device, samples=3) * 1e3
     _reset(runner)
     return ms
 

@@ -4,7 +4,9 @@ graphs, and runs the two kinds of step the scheduler asks for.
 - ``prefill``: new requests' prompts in one forward (packed back to back on the fused CUDA path, padded rows on
   the torch path), the first token, and the first drafts. On CUDA the packed prompts are padded to a token
   bucket and the prefill replays the CUDA graph captured for it (padding tokens and rows write only the scratch
-  slot); its first tokens come back like a round's result, read when the engine is ready for them.
+  slot); its first tokens come back like a round's result, read when the engine is ready for them. A prompt that
+  starts with a cached prefix (``prefix_cache``) gets that prefix's keys and values copied into its slot, for the
+  target and the draft, and the prefill computes the rest of it only.
 - ``decode``: one round for the running requests: a target forward over each row's last token and its γ
   drafts, verification (rejection sampling) of all rows at once, then the next γ drafts. State between rounds
   stays on the device in per-slot tensors (the token not yet in the cache, the cache length, the pending drafts
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specops.engine.prefix_cache import PrefixCache
 from specops.engine.proposer import DraftInput, Eagle3Proposer, Proposer, SchemaProposer
 from specops.engine.sampling import SamplingParams, SamplingState, logits_to_probs, mask_logits_, sample_from
 from specops.engine.verify import verify
@@ -102,10 +105,11 @@ def prefill_shape(lengths: list[int], max_rows: int) -> tuple[int, int] | None:
 
 def prefill_layout(n: int, r: int) -> list[int]:
     """Sizes of a captured prefill's inputs in its input buffer: tokens, their slots and positions [n]; the
-    sequences' slots, first token indices and lengths [r + 1, the last one always empty]; the query blocks'
-    sequences and first offsets [n / 16 + r: the most blocks n tokens of r prompts make]; each row's last token [r]."""
+    sequences' slots, first positions, first token indices and lengths [r + 1, the last one always empty]; the query
+    blocks' sequences and first offsets [n / 16 + r: the most blocks n tokens of r prompts make]; each row's last
+    token [r]."""
     blocks = n // PACKED_BLOCK + r
-    return [n, n, n, r + 1, r + 1, r + 1, blocks, blocks, r]
+    return [n, n, n, r + 1, r + 1, r + 1, r + 1, blocks, blocks, r]
 
 
 class HostBuffers:
@@ -123,9 +127,11 @@ class HostBuffers:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, draft: Eagle3Draft | None, gamma: int, max_batch: int,
-                 max_seq_len: int, cuda_graphs: bool = True, bucket_padding: bool | None = None, forced: int = 0):
+                 max_seq_len: int, cuda_graphs: bool = True, bucket_padding: bool | None = None, forced: int = 0,
+                 prefix_slots: int = 0):
         """``gamma``: free draft positions per round (the EAGLE-3 draft's); ``forced``: schema-forced tokens a row
-        under a grammar may draft on top of them (0: none; with no draft, forced tokens alone)."""
+        under a grammar may draft on top of them (0: none; with no draft, forced tokens alone); ``prefix_slots``:
+        cache slots for cached prompt prefixes (0: no prefix caching)."""
         self.model, self.draft, self.gamma = model, draft, gamma
         self.width = gamma + forced  # the most drafts a row verifies in one round
         self.device = model.model.embed_tokens.weight.device
@@ -142,10 +148,11 @@ class ModelRunner:
                 m.rotary = Rotary(cfg, capacity).to(self.device)
         self.scratch = max_batch  # the slot padding rows read and write
         slots, dev, v = max_batch + 1, self.device, model.config.vocab_size
-        self.cache = model.new_cache(slots, capacity)
+        self.cache = model.new_cache(slots + prefix_slots, capacity)  # cached prefixes in the slots after scratch
+        self.prefixes = PrefixCache(list(range(slots, slots + prefix_slots))) if prefix_slots else None
         self.proposer: Proposer | None = None
         if draft is not None:
-            self.proposer = Eagle3Proposer(draft, gamma, slots, capacity, forced)
+            self.proposer = Eagle3Proposer(draft, gamma, slots + prefix_slots, capacity, forced)
         elif forced:
             self.proposer = SchemaProposer(forced, v)
         self.tap_layers = draft.tap_layers if draft is not None else ()
@@ -175,58 +182,82 @@ class ModelRunner:
         if self.buckets is not None and self.fused:
             self._prefill_in = torch.zeros(sum(prefill_layout(PREFILL_TOKENS[-1], max_batch)), dtype=torch.long,
                                            device=dev)
-            self._zeros = torch.zeros(max_batch + 1, dtype=torch.long, device=dev)
 
     # -- prefill ------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]], params: list[SamplingParams],
-                constraints: list | None = None, gamma: int | None = None) -> Pending:
+                constraints: list | None = None, gamma: int | None = None, cached: bool = True) -> Pending:
         """Admit requests into ``slots``: write their prompts to the caches, sample each first token, draft the
         first drafts (``gamma`` free ones, default the runner's γ). Queued on the device like a round; the first
         tokens are the pending result (``Pending.read``). With bucket padding on the fused path a prefill that fits
         a token bucket (``prefill_shape``) is padded to it, and with CUDA graphs replays the one captured for it;
-        grammar rows and top-k / top-p rows run unpadded."""
+        grammar rows and top-k / top-p rows run unpadded. ``cached``: use and keep prefixes (False: compute every
+        prompt whole and keep nothing, as a timing of a full prefill needs)."""
         g = self.gamma if gamma is None else gamma
         mode = Mode.of(params)
         self.sampling.admit(slots, params)
+        plan = self.prefixes.plan(prompts) if self.prefixes is not None and cached else None
+        offsets = [0] * len(prompts)  # each row's first position
+        if plan is not None:  # each row's cached prefix into its slot; the prefill computes the rest
+            offsets = [k for _, k in plan.hits]
+            for slot, (src, k) in zip(slots, plan.hits):
+                if src is not None:
+                    self._copy(src, slot, k)
+            prompts = [p[k:] for p, k in zip(prompts, offsets)]
         shape = None
         if self.buckets is not None and self.fused and constraints is None and not mode.filtering:
             shape = prefill_shape([len(p) for p in prompts], self.scratch)
         if shape is None:
-            first, drafted = self._prefill_eager(slots, prompts, mode, constraints, g)
+            first, drafted = self._prefill_eager(slots, prompts, offsets, mode, constraints, g)
         elif self.use_graphs:
             key = (shape, mode, g)
             if key not in self._prefill_graphs:
                 self._prefill_graphs[key] = self._capture_prefill(*key)
-            self._stage_prefill(shape, slots, prompts)
+            self._stage_prefill(shape, slots, prompts, offsets)
             graph, first, drafted = self._prefill_graphs[key]
             graph.replay()
         else:  # the same padded prefill, run eagerly (how the CPU checks what the graphs replay)
-            self._stage_prefill(shape, slots, prompts)
+            self._stage_prefill(shape, slots, prompts, offsets)
             first, drafted = self._prefill_body(*self._prefill_views(shape), mode, g)
         if drafted is not None:
             self._note_drafts(slots, drafted)
+        for row, k, dst in plan.keep if plan is not None else ():  # queued after the prefill that writes them
+            self._copy(slots[row], dst, k)
         return self._to_host(first[: len(slots)], self._first)  # padded prefills have rows past the prompts
 
-    def _prefill_eager(self, slots, prompts, mode, constraints, g):
+    def uncached(self, prompt: list[int]) -> int:
+        """Tokens of ``prompt`` its prefill computes: all but a cached prefix's."""
+        return self.prefixes.uncached(prompt) if self.prefixes is not None else len(prompt)
+
+    def _copy(self, src: int, dst: int, length: int) -> None:
+        """Positions [0, length) of one slot into another, in the target's cache and the draft's."""
+        self.cache.copy(src, dst, length)
+        if isinstance(self.proposer, Eagle3Proposer):
+            self.proposer.cache.copy(src, dst, length)
+
+    def _prefill_eager(self, slots, prompts, offsets, mode, constraints, g):
         dev = self.device
         lens = upload([len(p) for p in prompts], torch.long, dev)
         slot_t = upload(slots, torch.long, dev)
+        start = upload(offsets, torch.long, dev)
         if self.fused:  # packed: no padding anywhere
             tokens = upload([t for p in prompts for t in p], torch.long, dev).unsqueeze(0)
-            meta = attention.TritonAttention.packed(slots, [len(p) for p in prompts], dev)
+            meta = attention.TritonAttention.packed(slots, [len(p) for p in prompts], dev, offsets)
             last = lens.cumsum(0) - 1
         else:  # rows padded to the longest prompt (the torch path reads keys by row)
             b, t = len(prompts), max(len(p) for p in prompts)
             tokens = upload([p + [0] * (t - len(p)) for p in prompts], torch.long, dev)
-            meta = attention.TorchAttention.build(slot_t, torch.arange(t, device=dev).expand(b, t))
+            # Padding stays inside the slot's cache, where nothing reads it before a later write.
+            positions = (start.view(b, 1) + torch.arange(t, device=dev)).clamp_(max=self.cache.max_len - 1)
+            meta = attention.TorchAttention.build(slot_t, positions)
             last = torch.arange(b, device=dev) * t + lens - 1
-        return self._prefill_body(tokens, meta, last, lens, slot_t, mode, g, constraints)
+        return self._prefill_body(tokens, meta, last, lens, slot_t, start, mode, g, constraints)
 
-    def _prefill_body(self, tokens, meta, last, lens, slot_t, mode: Mode, g: int, constraints=None):
-        """A prefill's device work: returns the first tokens [R] and what the rows drafted (their count, or per
-        row a tensor of counts; None without a proposer). Device work only unless ``constraints``."""
+    def _prefill_body(self, tokens, meta, last, lens, slot_t, start, mode: Mode, g: int, constraints=None):
+        """A prefill's device work over ``lens`` tokens per row from position ``start`` on: returns the first
+        tokens [R] and what the rows drafted (their count, or per row a tensor of counts; None without a proposer).
+        Device work only unless ``constraints``."""
         logits, taps = self.model(tokens, self.cache, meta, self.tap_layers, logits_at=last)
         if constraints is not None:
             for i, c in enumerate(constraints):
@@ -238,7 +269,7 @@ class ModelRunner:
             first = sample_from(logits_to_probs(logits, temperature, top_k, top_p, mode.filtering), u[:, 0])
         else:
             first = logits.argmax(dim=-1)
-        self.ctx_len[slot_t] = lens
+        self.ctx_len[slot_t] = start + lens
         self.last_token[slot_t] = first
         if self.proposer is None:
             return first, None
@@ -247,23 +278,26 @@ class ModelRunner:
         guides = None
         if constraints is not None:
             guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
-        inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, lens - 1, slot_t, temperature, top_k, top_p,
+        inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, start + lens - 1, slot_t, temperature, top_k, top_p,
                          None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
         drafts, probs, lengths = self.proposer.propose(inp, self._meta_for)
         self._store_drafts(slot_t, drafts, probs, lengths)
         return first, (drafts.shape[1] if lengths is None else lengths)
 
-    def _stage_prefill(self, shape: tuple[int, int], slots: list[int], prompts: list[list[int]]) -> None:
+    def _stage_prefill(self, shape: tuple[int, int], slots: list[int], prompts: list[list[int]],
+                       offsets: list[int]) -> None:
         """Write a bucketed prefill's inputs into the captured graphs' input buffer, in one host-to-device copy:
-        the prompts packed back to back, then padding that writes only the scratch slot (see ``prefill_layout``)."""
+        the prompts packed back to back (each from its first position, ``offsets``), then padding that writes only
+        the scratch slot (see ``prefill_layout``)."""
         n, r = shape
         lens = [len(p) for p in prompts]
-        tok_slot, tok_pos, starts, blk_seq, blk_q0 = attention.packed_tables(slots, lens)
+        tok_slot, tok_pos, starts, blk_seq, blk_q0 = attention.packed_tables(slots, lens, offsets)
         pad_tok, pad_seq, pad_blk = n - sum(lens), r + 1 - len(lens), n // PACKED_BLOCK + r - len(blk_seq)
         values = ([t for p in prompts for t in p] + [0] * pad_tok
                   + tok_slot + [self.scratch] * pad_tok
                   + tok_pos + [0] * pad_tok
                   + slots + [self.scratch] * pad_seq
+                  + offsets + [0] * pad_seq
                   + starts + [0] * pad_seq
                   + lens + [0] * pad_seq
                   + blk_seq + [r] * pad_blk  # padding blocks belong to the empty sequence r
@@ -273,14 +307,14 @@ class ModelRunner:
 
     def _prefill_views(self, shape: tuple[int, int]):
         """The captured prefill's inputs for ``shape``, as views of the input buffer (``_stage_prefill`` fills it
-        in this order): tokens [1, n], attention metadata, last [r], lengths [r], slots [r]."""
+        in this order): tokens [1, n], attention metadata, last [r], lengths [r], slots [r], first positions [r]."""
         n, r = shape
         sizes = prefill_layout(n, r)
         parts = list(torch.split(self._prefill_in[: sum(sizes)], sizes))
-        tokens, tok_slot, tok_pos, seq_slot, seq_start, seq_len, blk_seq, blk_q0, last = parts
-        meta = attention.TritonAttention(tok_slot, tok_pos, seq_slot, self._zeros[: r + 1], seq_start, seq_len,
-                                         blk_seq, blk_q0, PACKED_BLOCK)
-        return tokens.view(1, n), meta, last, seq_len[:r], seq_slot[:r]
+        tokens, tok_slot, tok_pos, seq_slot, seq_pos0, seq_start, seq_len, blk_seq, blk_q0, last = parts
+        meta = attention.TritonAttention(tok_slot, tok_pos, seq_slot, seq_pos0, seq_start, seq_len, blk_seq, blk_q0,
+                                         PACKED_BLOCK)
+        return tokens.view(1, n), meta, last, seq_len[:r], seq_slot[:r], seq_pos0[:r]
 
     # -- decode rounds ------------------------------------------------------------------------------------------
 
@@ -439,7 +473,7 @@ class ModelRunner:
                          ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int | None]:
         """Capture a prefill of ``shape`` drafting ``g``, over padding only (every token in the scratch slot, every
         sequence empty). Returns the graph, its first tokens [r] and the rows' draft count."""
-        self._stage_prefill(shape, [], [])
+        self._stage_prefill(shape, [], [], [])
         views = self._prefill_views(shape)
         graph, (first, drafted) = self._graph(lambda: self._prefill_body(*views, mode, g))
         return graph, first, drafted

@@ -104,17 +104,18 @@ class Scheduler:
         """The running requests, in slot order."""
         return [self.running[s] for s in sorted(self.running)]
 
-    def admit(self, limit: tuple[int, int] | None = None) -> list[Request]:
+    def admit(self, limit: tuple[int, int] | None = None, cost=len) -> list[Request]:
         """Waiting requests moved into free slots (lowest first), in arrival order, as many as there are slots; with
         ``limit`` (tokens n, rows r) only as many as one prefill of fewer than n prompt tokens and at most r prompts
-        holds (a longer prompt goes alone): the rest wait for the next step."""
+        holds (a longer prompt goes alone): the rest wait for the next step. ``cost``: the tokens a prompt's prefill
+        computes (fewer than its length when a prefix of it is cached)."""
         admitted, tokens = [], 0
         while self.waiting and self.free_slots:
-            if limit is not None and admitted and (tokens + len(self.waiting[0].prompt) >= limit[0]
+            if limit is not None and admitted and (tokens + cost(self.waiting[0].prompt) >= limit[0]
                                                    or len(admitted) >= limit[1]):
                 break
             req = self.waiting.popleft()
-            tokens += len(req.prompt)
+            tokens += cost(req.prompt)
             req.slot = self.free_slots.pop(0)
             self.running[req.slot] = req
             admitted.append(req)

@@ -100,12 +100,14 @@ class TritonAttention:
                    max(1, 1 << (t - 1).bit_length()), split=True)
 
     @classmethod
-    def packed(cls, slots: list[int], lengths: list[int], device, block_t: int = PACKED_BLOCK) -> "TritonAttention":
-        """Whole prompts back to back (prefill without padding): sequence i has ``lengths[i]`` tokens at positions
-        0.. in cache slot ``slots[i]``."""
-        tok_slot, tok_pos, starts, blk_seq, blk_q0 = packed_tables(slots, lengths, block_t)
+    def packed(cls, slots: list[int], lengths: list[int], device, first: list[int] | None = None,
+               block_t: int = PACKED_BLOCK) -> "TritonAttention":
+        """Prompts back to back (prefill without padding): sequence i has ``lengths[i]`` tokens at positions
+        ``first[i]``.. (default 0: a whole prompt; more: the rest of one whose prefix is cached) in slot ``slots[i]``."""
+        first = first or [0] * len(slots)
+        tok_slot, tok_pos, starts, blk_seq, blk_q0 = packed_tables(slots, lengths, first, block_t)
         as_t = lambda xs: upload(xs, torch.long, device)  # noqa: E731
-        return cls(as_t(tok_slot), as_t(tok_pos), as_t(slots), as_t([0] * len(slots)), as_t(starts), as_t(lengths),
+        return cls(as_t(tok_slot), as_t(tok_pos), as_t(slots), as_t(first), as_t(starts), as_t(lengths),
                    as_t(blk_seq), as_t(blk_q0), block_t)
 
     def rope(self, rotary, dtype: torch.dtype):
@@ -121,13 +123,13 @@ class TritonAttention:
                                         self.seq_qlen, self.blk_seq, self.blk_q0, self.block_t, self.split)
 
 
-def packed_tables(slots: list[int], lengths: list[int], block_t: int = PACKED_BLOCK):
+def packed_tables(slots: list[int], lengths: list[int], first: list[int], block_t: int = PACKED_BLOCK):
     """The host-side tables of prompts packed back to back (``TritonAttention.packed``): each token's slot and
     position, each sequence's first token index, each query block's sequence and first offset."""
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     blocks = [(i, q0) for i, n in enumerate(lengths) for q0 in range(0, n, block_t)]
     tok_slot = [s for s, n in zip(slots, lengths) for _ in range(n)]
-    tok_pos = [p for n in lengths for p in range(n)]
+    tok_pos = [p for p0, n in zip(first, lengths) for p in range(p0, p0 + n)]
     return tok_slot, tok_pos, starts, [i for i, _ in blocks], [q0 for _, q0 in blocks]
 
 

@@ -29,3 +29,8 @@ class KVCache:
         A slice of consecutive slots returns views; a tensor of slots gathers copies.
         """
         return self.k[layer, slots, :, :span], self.v[layer, slots, :, :span]
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Positions [0, length) of slot ``src`` into slot ``dst``, every layer (a cached prefix, in or out)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
