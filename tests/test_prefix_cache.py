@@ -80,8 +80,12 @@ def test_every_hit_is_a_prefix_of_its_prompt_filled_by_an_earlier_prefill(prompt
         assert len(owned) == len(set(owned)) and set(owned) | set(cache.free) <= set(range(100, 100 + slots))
 
 
-def test_common_length():
-    assert common_length([1, 2, 3], [1, 2, 4]) == 2 and common_length([], [1]) == 0 and common_length([5], [5]) == 1
+@given(a=st.lists(st.integers(0, 2), max_size=40), b=st.lists(st.integers(0, 2), max_size=40))
+def test_common_length_is_the_longest_common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_length(tuple(a), tuple(b)) == n
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,6 @@ from specops.engine.gamma import CALIBRATION_FILE, AdaptiveGamma, load_or_measur
 from specops.engine.model_runner import Mode, ModelRunner, Pending, buckets
 from specops.engine.sampling import SamplingParams
 from specops.engine.scheduler import Output, Request, Scheduler, StepOutput
-
-PREFIX_SLOTS = 4  # cache slots for shared prompt prefixes (a task's system prompt needs one)
 from specops.engine.stats import SpecStats
 from specops.errors import SpecopsError
 from specops.models.eagle3 import Eagle3Draft
@@ -37,6 +35,8 @@ if TYPE_CHECKING:
     from specops.engine.grammar import Constraint
 
 __all__ = ["Engine", "Output", "StepOutput"]
+
+PREFIX_SLOTS = 4  # cache slots for shared prompt prefixes (a task's system prompt needs one)
 
 
 class Engine:

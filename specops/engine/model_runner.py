@@ -278,8 +278,8 @@ class ModelRunner:
         guides = None
         if constraints is not None:
             guides = [c.drafting([tok]) if c is not None else None for c, tok in zip(constraints, first.tolist())]
-        inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, start + lens - 1, slot_t, temperature, top_k, top_p,
-                         None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
+        inp = DraftInput(shifted.view(tokens.shape), taps, meta, last, start + lens - 1, slot_t, temperature, top_k,
+                         top_p, None if u is None else u[:, 1:], g, mode.filtering, guides, prefill=True)
         drafts, probs, lengths = self.proposer.propose(inp, self._meta_for)
         self._store_drafts(slot_t, drafts, probs, lengths)
         return first, (drafts.shape[1] if lengths is None else lengths)

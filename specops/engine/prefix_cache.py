@@ -47,12 +47,16 @@ class Plan:
     keep: list[tuple[int, int, int]]
 
 
-def common_length(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_length(a: tuple, b: tuple) -> int:
+    """Length of the longest common prefix: a binary search over slice comparisons, which run in C (the engine's
+    host time per admitted request stays in microseconds)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
 
 
 class PrefixCache:
@@ -65,7 +69,7 @@ class PrefixCache:
 
     def lookup(self, prompt) -> tuple[Prefix | None, int]:
         """The kept prefix ``prompt`` may start from furthest, and how many of its positions: (None, 0) for none."""
-        best, most = None, 0
+        best, most, prompt = None, 0, tuple(prompt)
         for p in self.prefixes:
             j = min(common_length(prompt, p.key) - 1, len(prompt) - 1, p.length)
             if j > most and j >= self.min_tokens:

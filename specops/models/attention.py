@@ -103,7 +103,8 @@ class TritonAttention:
     def packed(cls, slots: list[int], lengths: list[int], device, first: list[int] | None = None,
                block_t: int = PACKED_BLOCK) -> "TritonAttention":
         """Prompts back to back (prefill without padding): sequence i has ``lengths[i]`` tokens at positions
-        ``first[i]``.. (default 0: a whole prompt; more: the rest of one whose prefix is cached) in slot ``slots[i]``."""
+        ``first[i]``.. (default 0: a whole prompt; more: the rest of one whose prefix is cached) in slot
+        ``slots[i]``."""
         first = first or [0] * len(slots)
         tok_slot, tok_pos, starts, blk_seq, blk_q0 = packed_tables(slots, lengths, first, block_t)
         as_t = lambda xs: upload(xs, torch.long, device)  # noqa: E731
