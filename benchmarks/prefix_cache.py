@@ -98,7 +98,7 @@ def main() -> int:
                    for cached in (False, True)}
         prompts = [query_prompt_ids(engines[False].tokenizer, queries[i % len(queries)]) for i in range(args.requests)]
         runs = {False: [], True: []}
-        for cached, engine in engines.items():  # warm-up (and, with the cache, the system prompt kept)
+        for engine in engines.values():  # warm-up (and, with the cache, the system prompt kept)
             closed_loop(engine, prompts[: 2 * args.concurrency], args.concurrency, args.max_tokens)
         for _ in range(args.repeats):
             for cached, engine in engines.items():
