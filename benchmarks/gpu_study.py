@@ -15,7 +15,8 @@ goes on where it stopped when started again:
 4. ``costs``: the step costs of the speculative model per batch size and temperature (greedy, or sampling: the
    distributions and the rejection test cost more), from the engine's CUDA-graph replays in bf16: a plain step, the
    verification of γ + 1 tokens (v) and a draft step (c), relative to the plain step; and one request's prefill
-   at the held-out prompts' mean length, as a loaded server admits requests: one at a time.
+   at the held-out prompts' mean length, as a loaded server admits requests: one at a time, with the positions
+   the prefix cache serves those prompts copied, not computed.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
    sweep of its own (as many repeats as the grid), then each fixed γ the grid found best at some concurrency
    measured again in the same run: the schedule is set against the best fixed γ at each concurrency.
@@ -217,12 +218,13 @@ def stage_costs(args, s: dict) -> list[dict]:
                          device=args.device, dtype=s["dtype"], max_batch=max(s["concurrency"]), max_seq_len=1024)
     gammas = [g for g in s["gammas"] if g > 0]
     pool = from_dataset(args.work / "prompts.jsonl")
-    prompt_tokens = round(sum(len(chat_prompt_ids(engine.tokenizer, p.messages)) for p in pool) / len(pool))
+    prompts = [chat_prompt_ids(engine.tokenizer, p.messages) for p in pool]
+    prompt_tokens, cached = round(sum(map(len, prompts)) / len(prompts)), cached_positions(prompts)
     parts = []
     for t in s["temperatures"]:
-        prefill_ms = measure_prefill(engine.runner, prompt_tokens, t)
+        prefill_ms = measure_prefill(engine.runner, prompt_tokens, t, cached=cached)
         for p in measure_parts(engine.runner, gammas, s["parts_batches"], temperature=t):
-            parts.append({**p, "prompt_tokens": prompt_tokens, "prefill_ms": prefill_ms,
+            parts.append({**p, "prompt_tokens": prompt_tokens, "cached_tokens": cached, "prefill_ms": prefill_ms,
                           "prefill": prefill_ms / p["target_ms"]})
     parts = json.loads(json.dumps(parts))
     del engine
@@ -232,8 +234,20 @@ def stage_costs(args, s: dict) -> list[dict]:
     for p in parts:
         log(f"costs: T {p['temperature']:g}, batch {p['batch']}: plain step {p['target_ms']:.3f} ms, c {p['c']:.3f}, "
             + ", ".join(f"v({g}) {v:.3f}" for g, v in p["v"].items()) + f", prefill of {p['prompt_tokens']} tokens "
-            f"{p['prefill_ms']:.3f} ms")
+            f"{p['prefill_ms']:.3f} ms ({p['cached_tokens']} from the prefix cache)")
     return parts
+
+
+def cached_positions(prompts: list[list[int]]) -> int:
+    """Mean positions a prompt of ``prompts`` takes from the prefix cache, served one after another as the engine
+    admits them (its own bookkeeping: a prefix kept once two prompts share it; 0 when none is)."""
+    from specops.engine.engine import PREFIX_SLOTS
+    from specops.engine.prefix_cache import PrefixCache
+
+    cache, hits = PrefixCache(list(range(PREFIX_SLOTS))), []
+    for prompt in prompts:
+        hits.append(cache.plan([prompt]).hits[0][1])
+    return round(sum(hits) / len(hits))
 
 
 def measure_costs(args, s: dict, doc: dict) -> None:

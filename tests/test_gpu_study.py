@@ -69,6 +69,13 @@ def test_part_of_the_grid_sets_the_concurrencies_and_the_batch_sizes_costed(monk
         study.parse()
 
 
+def test_the_cached_prefill_is_timed_at_the_positions_the_prefix_cache_serves():
+    study = gpu_study()
+    system = list(range(100, 120))  # 20 shared tokens: from the third prompt on, 19 positions come from the cache
+    assert study.cached_positions([system + [i, 7, 8] for i in range(4)]) == round(2 * 19 / 4)
+    assert study.cached_positions([[i] * 30 for i in range(4)]) == 0  # nothing shared
+
+
 def test_a_row_is_predicted_from_the_step_costs_of_its_own_temperature_and_next_batch_size():
     study = gpu_study()
     greedy = [{"temperature": 0.0, "batch": b, "c": 0.05, "v": {"3": 1.1}} for b in (1, 8)]
@@ -178,6 +185,9 @@ def test_step_costs_come_from_the_serving_engine_and_leave_it_serving():
     assert sampled[0]["temperature"] == 0.7 and sampled[0]["v"][3] > 0 and sampled[0]["c"] >= 0
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # sampling state overwritten again
     assert measure_prefill(engine.runner, 40) > 0 and measure_prefill(engine.runner, 40, temperature=0.7) > 0
+    assert measure_prefill(engine.runner, 40, cached=20) > 0 and measure_prefill(engine.runner, 40, 0.7, cached=30) > 0
+    with pytest.raises(ValueError):
+        measure_prefill(engine.runner, 40, cached=40)
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected  # the prefilled slot is reused
 
 
@@ -196,7 +206,7 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert (work / "models" / "target-merged" / "model.safetensors").is_file()
     assert doc["draft"]["acceptance"]["after"]["gamma"] == 3
     assert [(p["temperature"], p["batch"]) for p in doc["costs"]] == [(0.0, 1), (0.0, 4), (0.7, 1), (0.7, 4)]
-    assert all(p["prompt_tokens"] > 0 and p["prefill"] == pytest.approx(p["prefill_ms"] / p["target_ms"])
+    assert all(p["prompt_tokens"] > p["cached_tokens"] > 0 and p["prefill"] == pytest.approx(p["prefill_ms"] / p["target_ms"])
                for p in doc["costs"])
     points = {(r["temperature"], r["concurrency"], r["gamma"]) for r in doc["grid"]}
     assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}

@@ -221,15 +221,33 @@ def measure_parts(runner, gammas: list[int], batch_sizes: list[int], context: in
 
 
 @torch.inference_mode()
-def measure_prefill(runner, tokens: int, temperature: float = 0.0) -> float:
+def measure_prefill(runner, tokens: int, temperature: float = 0.0, cached: int = 0) -> float:
     """Milliseconds of one request's prefill of ``tokens`` prompt tokens (cache writes, first token, first drafts)
     as the engine admits it alone, which is how requests join a loaded server: one as another finishes. On a free
-    slot of a runner that serves nothing yet, like the step costs; the whole prompt, no prefix cached."""
+    slot of a runner that serves nothing yet, like the step costs. ``cached``: positions the prompt takes from a
+    kept prefix (its copy, then a prefill of the rest, as the prefix cache serves a shared system prompt); 0 times
+    the whole prompt."""
     from specops.engine.sampling import SamplingParams
 
     params = [SamplingParams(temperature=temperature)]
-    prompt = [[1] * min(tokens, runner.model.rotary.cos.shape[0] // 2)]
-    ms = _timed(lambda: runner.prefill([0], prompt, params, cached=False).read(), runner.device, samples=3) * 1e3
+    tokens = min(tokens, runner.model.rotary.cos.shape[0] // 2)
+    if not cached or runner.prefixes is None:
+        prompt = [[1] * tokens]
+        ms = _timed(lambda: runner.prefill([0], prompt, params, cached=False).read(), runner.device, samples=3) * 1e3
+        _reset(runner)
+        return ms
+    if not runner.prefixes.min_tokens <= cached < tokens:
+        raise ValueError(f"cached positions {cached} must be within [{runner.prefixes.min_tokens}, {tokens})")
+    vocab, calls = runner.model.config.vocab_size, iter(range(10**9))
+    t = min(set(range(vocab)) - {p.key[0] for p in runner.prefixes.prefixes})  # no prefix kept so far starts so
+
+    def prompt() -> list[list[int]]:  # the shared prefix, then a first token no earlier prompt had here
+        return [[t] * (cached + 1) + [(t + 1 + next(calls) % (vocab - 2)) % vocab] + [t] * (tokens - cached - 2)]
+
+    for _ in range(2):  # the second prompt shares cached + 1 tokens with the first: its prefix is kept
+        runner.prefill([0], prompt(), params).read()
+    assert runner.prefixes.lookup(prompt()[0])[1] == cached
+    ms = _timed(lambda: runner.prefill([0], prompt(), params).read(), runner.device, samples=3) * 1e3
     _reset(runner)
     return ms
 
