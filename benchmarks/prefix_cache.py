@@ -5,8 +5,10 @@ For each γ and each setting, one engine serves the held-out commerce queries as
 closed loop of ``--concurrency`` requests, a new one joining as one finishes (``Engine.step`` with requests added
 between steps), greedy, ``--max-tokens`` each. Printed and written per point: the prompt tokens the prefills
 computed, the time spent in prefills (each timed between two device syncs), the wall time and output tokens/s, and
-whether the outputs equal the uncached engine's. The settings alternate over
-``--repeats`` runs, and the table keeps each one's fastest.
+how many requests' outputs differ from the uncached engine's first run in any run. In float32 that must be none (the
+exit code says so); in bfloat16 the rounding depends on the shapes a prefill and a verification run in, so the
+count is reported, not checked. The settings alternate over ``--repeats`` runs, and the table keeps each one's
+fastest.
 
     python benchmarks/prefix_cache.py                                    # fixture, CPU
     python benchmarks/prefix_cache.py --device cuda --dtype bfloat16 --model DIR --draft DIR --concurrency 64
@@ -84,6 +86,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
 
 
 def main() -> int:
+    from specops.engine.config import canonical_dtype
     from specops.engine.engine import Engine
     from specops.fixtures.recipe import heldout_examples
     from specops.inputs import query_prompt_ids
@@ -104,28 +107,30 @@ def main() -> int:
             for cached, engine in engines.items():
                 runs[cached].append(closed_loop(engine, prompts, args.concurrency, args.max_tokens))
         best = {cached: min(r, key=lambda x: x["wall_s"]) for cached, r in runs.items()}
-        same = all(r["outputs"] == best[False]["outputs"] for rs in runs.values() for r in rs)
+        base = runs[False][0]["outputs"]
         for cached in (False, True):
             b = best[cached]
-            rows.append({"gamma": gamma, "prefix_cache": cached, "same_outputs": same,
+            differ = max(sum(a != o for a, o in zip(r["outputs"], base)) for r in runs[cached])
+            rows.append({"gamma": gamma, "prefix_cache": cached, "differing_outputs": differ,
                          **{k: v for k, v in b.items() if k != "outputs"},
                          "wall_s_runs": [r["wall_s"] for r in runs[cached]]})
         del engines
     print(f"{'γ':>2} {'prefix cache':>12} {'prompt tok':>10} {'computed':>9} {'prefills s':>10} {'wall s':>8} "
-          f"{'out tok/s':>10}  {'vs off':>6}  same outputs")
+          f"{'out tok/s':>10}  {'vs off':>6}  differing outputs")
     for r in rows:
         off = next(x for x in rows if x["gamma"] == r["gamma"] and not x["prefix_cache"])
         print(f"{r['gamma']:>2} {'on' if r['prefix_cache'] else 'off':>12} {r['prompt_tokens']:>10} "
               f"{r['computed_tokens']:>9} {r['prefill_s']:>10.3f} {r['wall_s']:>8.3f} "
               f"{r['output_tokens_per_s']:>10.1f}  {r['output_tokens_per_s'] / off['output_tokens_per_s']:>5.2f}×  "
-              f"{r['same_outputs']}")
+              f"{r['differing_outputs']:>5} of {args.requests}")
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"command": " ".join(["python", "benchmarks/prefix_cache.py", *sys.argv[1:]]), "device": args.device,
            "dtype": args.dtype, "concurrency": args.concurrency, "requests": args.requests,
            "max_tokens": args.max_tokens, "repeats": args.repeats, "threads": torch.get_num_threads(), "rows": rows}
     name = "prefix_cache.json" if args.device == "cpu" else f"prefix_cache-{args.device.split(':')[0]}.json"
     (args.out / name).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return 0 if all(r["same_outputs"] for r in rows) else 1
+    exact = canonical_dtype(args.dtype) == "float32"
+    return 1 if exact and any(r["differing_outputs"] for r in rows) else 0
 
 
 if __name__ == "__main__":
