@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -350,6 +351,18 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
 
 # -- the report ----------------------------------------------------------------------------------------------------
 
+def host() -> dict:
+    """The machine's CPU: at high load the host's side of serving (API processes, the engine's loop, the load
+    generator) weighs on the figures, and two machines with one GPU model differ there."""
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor(), "cpus": os.cpu_count()}
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -549,7 +562,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     recipe, draft, s = settings(args)
-    doc: dict = {"command": " ".join(sys.argv), "tiny": args.tiny, "settings": {"draft": draft, "sweep": s}}
+    doc: dict = {"command": " ".join(sys.argv), "tiny": args.tiny, "host": host(),
+                 "settings": {"draft": draft, "sweep": s}}
     status = {}
     try:
         doc["models"] = stage_models(args, recipe)

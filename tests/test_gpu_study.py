@@ -201,6 +201,7 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads((out / "study.json").read_text())
     assert doc["status"] == {"grid": "complete", "schedule": "complete"}
+    assert doc["host"]["cpus"] >= 1 and doc["host"]["cpu"]
     m = doc["models"]
     assert m["parameters"] > 0 and set(m["target"]) >= {"valid_rate", "field_accuracy"}
     assert (work / "models" / "target-merged" / "model.safetensors").is_file()
