@@ -18,8 +18,9 @@ goes on where it stopped when started again:
    at the held-out prompts' mean length, as a loaded server admits requests: one at a time, with the positions
    the prefix cache serves those prompts copied, not computed.
 5. ``schedule``: per temperature, the recommendation's per-batch-size γ table applied (``--gamma-schedule``) in a
-   sweep of its own (as many repeats as the grid), then each fixed γ the grid found best at some concurrency
-   measured again in the same run: the schedule is set against the best fixed γ at each concurrency.
+   sweep of its own (as many repeats as the grid) beside each fixed γ the grid found best at some concurrency, all
+   on one server whose γ table is switched between points (``--one-server``): the schedule is set against the best
+   fixed γ at each concurrency, free of the spread between two servers.
 
 Then it prints the table (tok/s, TTFT/TPOT/E2E p50 and p99, acceptance, mean acceptance length, speedup over γ = 0
 with its 95 % CI, goodput under the 2 s SLO, the speedup E/(γc + v) predicted from the measured acceptance and step
@@ -318,8 +319,8 @@ def best_fixed(rows: list[dict], temperature: float, concurrency: int) -> dict |
 
 def switching_first(blocks: list[dict]) -> list[dict]:
     """The recommendation's temperatures with the schedules that switch γ first: one that keeps a single γ at every
-    batch size is that fixed γ, and its sweep measures little beyond the spread between two servers, so it goes last
-    when the budget may not reach both."""
+    batch size is that fixed γ, and its sweep measures little beyond the noise, so it goes last when the budget may
+    not reach both."""
     return sorted(blocks, key=lambda b: len({g for *_, g in b["embedded"]["gamma_per_batch_size"]}) == 1)
 
 
@@ -327,9 +328,10 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
     """Per temperature: the recommended batch-size schedule in a short sweep of its own, side by side with the fixed
     γ values the grid found best at some concurrency (measured again in the same sweep: comparing with the best of
     the grid's noisy figures would favour the fixed side), recorded in ``out`` as it starts (so a stopped run still
-    reports what it measured). The schedule is measured first, in a sweep of its own, and its peers in a second one
-    resumed in the same run directory (a sweep starts its servers in γ order, the schedule's last), so that a run cut
-    short still has the schedule, set against the grid's figures."""
+    reports what it measured). All of them run on one server that switches its γ table between points and takes
+    them in turn within each repeat (``sweep --one-server``): two servers of one configuration can differ by more
+    than the goal's margin. A peer of γ = 0 (plain decoding, no draft) needs a server of its own, and then each
+    configuration gets one."""
     rec = json.loads((args.work / "grid" / "recommendation.json").read_text())
     for block in switching_first(rec["by_temperature"]):
         t = block["temperature"]
@@ -341,12 +343,12 @@ def stage_schedule(args, s: dict, prompts: Path, out: dict) -> None:
         if left(args) < 60:
             break
         peers = sorted({level["best_gamma_goodput"] for level in block["levels"]})
-        out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "complete": False}
-        for gammas in ("schedule", ",".join([*map(str, peers), "schedule"])):
-            out[str(t)]["complete"] = sweep(args, s, run, prompts, gammas, f"{t:g}", s["repeats"],
-                                            ["--gamma-schedule", json.dumps(ranges)])
-            if not out[str(t)]["complete"]:
-                break
+        one_server = 0 not in peers
+        out[str(t)] = {"schedule": ranges, "peers": peers, "run": run.name, "one_server": one_server,
+                       "complete": False}
+        out[str(t)]["complete"] = sweep(args, s, run, prompts, ",".join([*map(str, peers), "schedule"]), f"{t:g}",
+                                        s["repeats"], ["--gamma-schedule", json.dumps(ranges)]
+                                        + (["--one-server"] if one_server else []))
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -448,12 +450,16 @@ def schedule_sweeps(runs: dict, work: Path):
             yield info, json.loads(path.read_text())["configurations"]
 
 
+SIDE_BY_SIDE = {"same server": "measured in turn on one server", "same run": "measured side by side"}
+
+
 def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     """Per temperature and concurrency: the schedule's goodput against the best fixed γ of the grid, as measured
-    again in the schedule's own sweep (``peer``: "same run", with the throughput ratio's 95 % CI over repeats), or
+    again in the schedule's own sweep (``peer``: "same server", or "same run" for sweeps from before ``--one-server``, with the throughput ratio's 95 % CI over repeats), or
     the grid's figure where that sweep has none (runs from before it measured its peers). Where the schedule runs that
     same γ at every batch size up to the concurrency, the two are one configuration (``same_configuration``): their
-    ratio is the spread between two servers, not the schedule's doing."""
+    ratio is the measurement's noise (on one server, or between two for sweeps from before ``--one-server``), not
+    the schedule's doing."""
     from specops.bench.latency import ratio_ci
     from specops.engine.config import gamma_at
 
@@ -471,7 +477,7 @@ def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
                         "schedule_output_tokens_per_s": r["output_tokens_per_s"],
                         "best_fixed_gamma": best and best["gamma"],
                         "best_fixed_goodput_rps": ref and ref["goodput_rps"],
-                        "peer": "same run" if peer else "grid",
+                        "peer": ("same server" if info.get("one_server") else "same run") if peer else "grid",
                         "same_configuration": best is not None and all(
                             gamma_at(info["schedule"], b) == best["gamma"] for b in range(1, r["concurrency"] + 1)),
                         "goodput_vs_best_fixed": r["goodput_rps"] / ref["goodput_rps"]
@@ -542,7 +548,7 @@ def print_tables(doc: dict) -> None:
                   f"ratio {fmt(r['goodput_vs_best_fixed'], '.3f')}"
                   + (" [{}, {}]".format(*(fmt(x, ".3f") for x in r["throughput_ratio_ci95"]))
                      if r.get("throughput_ratio_ci95", [None])[0] is not None else "")
-                  + f" ({'measured side by side' if r.get('peer') == 'same run' else 'against the grid'}"
+                  + f" ({SIDE_BY_SIDE.get(r.get('peer'), 'against the grid')}"
                   + ("; the same configuration" if r.get("same_configuration") else "") + ")")
     spread = [r["ratio"] for r in doc.get("server_spread") or []]
     if spread:

@@ -138,6 +138,10 @@ def serve(
         help="HTTP processes sharing the port and the one engine process (as vLLM's --api-server-count), for when "
              "one process's parsing and streaming cannot keep up with the engine; --max-queue is split between them "
              "and /metrics adds them up. Above 1 it implies --engine-process."),
+    gamma_endpoint: bool = typer.Option(
+        False, "--gamma-endpoint",
+        help="Serve POST /admin/gamma-schedule with {\"gamma_schedule\": [[1,64,3]]}: the running engine drafts by "
+             "that table from then on, up to --gamma (how `sweep --one-server` compares γ values on one server)."),
     drafter: str = DRAFTER,
     device: str = DEVICE, dtype: str = DTYPE, max_batch: int = MAX_BATCH, max_seq_len: int = MAX_SEQ_LEN,
     cuda_graphs: bool = CUDA_GRAPHS, prefix_cache: bool = PREFIX_CACHE,
@@ -151,7 +155,7 @@ def serve(
     cfg = engine_config(model, lora, lora_mode, draft, gamma, device, dtype, max_batch, max_seq_len, cuda_graphs,
                         drafter, gamma_schedule, prefix_cache)
     run_server(cfg, host=host, port=port, api_key=api_key, max_queue=max_queue, served_model_name=served_model_name,
-               engine_process=engine_process, api_procs=api_procs)
+               engine_process=engine_process, api_procs=api_procs, gamma_endpoint=gamma_endpoint)
 
 
 @app.command()

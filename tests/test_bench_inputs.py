@@ -92,6 +92,8 @@ def test_dataset_without_usable_prompts(tmp_path):
     (["--gamma", "0", "--dtype", "bf16", "--backend", "vllm"], "--device and --dtype are the embedded server's"),
     (["--gamma", "0", "--api-procs", "0"], "--api-procs must be at least 1, got 0"),
     (["--gamma", "0", "--api-procs", "2", "--backend", "vllm"], "--api-procs is the embedded server's"),
+    (["--gamma", "0,3", "--one-server"], "γ = 0 and auto need servers of their own"),
+    (["--gamma", "3", "--one-server", "--backend", "vllm"], "--one-server switches γ on a running embedded server"),
 ])
 def test_option_errors(tmp_path, dataset, model, args, message):
     r = sweep("--model", str(model), "--dataset", str(dataset), "--out", str(tmp_path / "run"), *args)

@@ -281,6 +281,34 @@ def test_a_gamma_schedule_is_a_configuration_of_its_own(tiny, tmp_path):
     assert "schedule" in (run / "results.csv").read_text()
 
 
+@pytest.mark.slow
+def test_one_server_measures_every_gamma_in_turn(tiny, tmp_path):
+    """--one-server: one server for γ 1, 3 and a schedule, its table switched before each point, the γ values taken
+    in turn within each repeat; each point drafts by its own table, as the counters show."""
+    run = tmp_path / "run"
+    done = subprocess.run(sweep_argv(
+        "--model", str(tiny / "target"), "--draft", str(tiny / "draft"), "--gamma", "1,3,schedule", "--one-server",
+        "--gamma-schedule", "[[1,1,3],[2,8,1]]", "--concurrency", "1,3", "--temperature", "0", "--repeats", "2",
+        "--dataset", str(tiny / "prompts.jsonl"), "--num-prompts", "4", "--max-tokens", "12", "--warmup", "1",
+        "--slo", "e2e=60s", "--out", str(run)), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("ready in") == 1 and "switching between γ 1,3,schedule" in done.stderr
+    results = json.loads((run / "results.json").read_text())
+    assert results["fixed"]["one_server"] is True
+    grid = {(r["gamma"], r["concurrency"]): r["acceptance"] for r in results["configurations"]}
+    assert set(grid) == {(g, c) for g in (1, 3, "schedule") for c in (1, 3)}
+    for (gamma, concurrency), a in grid.items():
+        per_round = a["num_draft_tokens"] / a["num_drafts"]
+        if gamma == "schedule":
+            assert per_round == 3 if concurrency == 1 else per_round < 3
+        else:
+            assert per_round == gamma
+    conn = sqlite3.connect(f"file:{run / 'runs.sqlite'}?mode=ro", uri=True)
+    order = conn.execute("SELECT gamma, concurrency, repeat FROM configs ORDER BY finished_at").fetchall()
+    conn.close()
+    assert order[:6] == [(1, 1, 0), (3, 1, 0), ("schedule", 1, 0), (1, 1, 1), (3, 1, 1), ("schedule", 1, 1)]
+
+
 def overlap(records) -> int:
     """Most requests in flight at once, from the records' [start, end] intervals."""
     events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_s, -1) for r in records])

@@ -169,3 +169,44 @@ def test_rounds_run_as_graphs_run_them_change_no_output(temperature):
     got, counters, ragged = run(True)
     assert got == expected and counters == expected_counters  # the same drafts kept, not only the same tokens
     assert True in ragged and False in ragged  # rounds after a switch were ragged, the others uniform
+
+
+@pytest.mark.skipif(not (TARGET / "config.json").is_file(), reason=f"fixture not built: {FIXTURE}")
+def test_a_running_engine_switches_schedules_between_requests_and_under_way():
+    """``use_gamma_schedule``, as one server measures γ tables side by side: each round then drafts the new table's
+    γ, also for requests admitted under the old one (their drafts are verified first), and no output changes."""
+    from specops.inputs import query_prompt_ids
+
+    queries = ["red running shoes under 80 dollars", "a laptop bag", "wireless earbuds with noise cancelling"]
+    plain = Engine.load(TARGET, max_batch=4, max_seq_len=512)
+    prompts = [query_prompt_ids(plain.tokenizer, q) for q in queries]
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+
+    eng = Engine.load(TARGET, DRAFT, gamma=3, max_batch=4, max_seq_len=512)
+    drafted = []
+    launch = eng.runner.launch
+    eng.runner.launch = lambda slots, mode, constraints=None, gamma=None: (
+        drafted.append(gamma), launch(slots, mode, constraints, gamma))[1]
+    for schedule in ([[1, 4, 1]], [[1, 1, 3], [2, 4, 2]], [[1, 4, 3]]):
+        eng.use_gamma_schedule(schedule)
+        drafted.clear()
+        assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+        assert set(drafted) <= {g for *_, g in schedule} and drafted
+    for i, p in enumerate(prompts):  # switched with requests in flight
+        eng.add_request(f"r{i}", p, params)
+    done = {}
+    for step in range(400):
+        if step == 3:
+            eng.use_gamma_schedule([[1, 4, 1]])
+            drafted.clear()
+        done.update({so.request_id: so.output.token_ids for so in eng.step() if so.finished})
+        if not eng.has_unfinished():
+            break
+    assert [done[f"r{i}"] for i in range(len(prompts))] == expected and set(drafted) == {1}
+    with pytest.raises(SpecopsError, match="more than this engine's γ = 3"):
+        eng.use_gamma_schedule([[1, 4, 5]])
+    with pytest.raises(SpecopsError, match="--gamma-schedule"):
+        eng.use_gamma_schedule([[2, 4, 1]])
+    with pytest.raises(SpecopsError, match="no draft model"):
+        plain.use_gamma_schedule([[1, 4, 1]])

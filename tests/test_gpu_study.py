@@ -138,6 +138,9 @@ def test_the_schedule_is_set_against_its_peers_measured_in_the_same_run(tmp_path
     assert by[1]["goodput_vs_best_fixed"] == pytest.approx(970 / 970)
     assert by[64]["best_fixed_gamma"] == 3 and not by[64]["same_configuration"]
     assert by[64]["goodput_vs_best_fixed"] == pytest.approx(5800 / 5850)  # not 5800 / 6000, the grid's
+    on_one = gpu_study().schedule_table(grid, {"0.7": {"schedule": [[1, 16, 5], [17, 64, 3]], "run": run.name,
+                                                       "one_server": True}}, tmp_path)
+    assert {r["peer"] for r in on_one} == {"same server"}
     lo, hi = by[64]["throughput_ratio_ci95"]
     assert lo < 5800 / 5850 < hi and lo > 0.5 and hi < 2
 
@@ -222,7 +225,10 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
         assert (out / name).is_file()
     for t, info in doc["schedule_runs"].items():  # each schedule set against its peers, measured beside it
         rows = [r for r in doc["schedule"] if r["temperature"] == float(t)]
-        assert ("peers" in info) == bool(rows) and all(r["peer"] == "same run" for r in rows)
+        assert ("peers" in info) == bool(rows)
+        if rows:
+            assert all(r["peer"] == ("same server" if info["one_server"] else "same run") for r in rows)
+            assert info["one_server"] == (0 not in info["peers"])  # plain decoding needs a server of its own
     assert "speedup [95% CI]" in run.stdout and "meas/pred" in run.stdout
     # a second call finds every stage done and measures nothing again
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

@@ -226,3 +226,45 @@ def test_sigterm_to_the_server_drains_every_api_process_then_stops_the_engine(tw
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family) and time.monotonic() < end:
         time.sleep(0.1)
     assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("api_procs", [1, 2])
+def test_the_gamma_endpoint_switches_the_running_engines_table(api_procs):
+    """``serve --gamma-endpoint``: a table POSTed through one API process governs the next requests through any of
+    them (the reply comes once the engine drafts by it), outputs stay the same, and a bad table is a 400. On the
+    engine thread (1) and in the engine process (2)."""
+    from specops.backends.scrape import scrape_spec
+
+    port = free_port()
+    proc = start_server(["--model", str(FIXTURE / "target-merged"), "--draft", str(FIXTURE / "draft-domain"),
+                         "--gamma", "3", "--served-model-name", "m", "--api-procs", str(api_procs),
+                         "--gamma-endpoint"], port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ask(prompt: str) -> str:
+            body = {"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+            with httpx.Client(timeout=120) as c:  # a connection of its own: the kernel picks the API process
+                return c.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
+
+        prompts = [f"Query {i}: red running shoes under {40 + i} dollars" for i in range(6)]
+        answers = {}
+        for gamma in (3, 1, 2):
+            with httpx.Client(timeout=120) as c:
+                r = c.post(f"{url}/admin/gamma-schedule", json={"gamma_schedule": [[1, 64, gamma]]})
+            assert r.status_code == 200 and r.json() == {"gamma_schedule": [[1, 64, gamma]]}
+            before = scrape_spec(f"{url}/v1")
+            answers[gamma] = [ask(p) for p in prompts]
+            drafted = scrape_spec(f"{url}/v1").since(before)
+            assert drafted.num_drafts > 0 and drafted.num_draft_tokens == gamma * drafted.num_drafts
+        assert answers[1] == answers[2] == answers[3]
+        for table, message in (([[1, 64, 4]], "more than this engine's γ = 3"), ([[2, 64, 1]], "must start at")):
+            r = httpx.post(f"{url}/admin/gamma-schedule", json={"gamma_schedule": table}, timeout=60)
+            assert r.status_code == 400 and message in r.json()["error"]["message"]
+        assert httpx.post(f"{url}/admin/gamma-schedule", json={"gamma": 3}, timeout=60).status_code in (400, 422)
+    finally:
+        stop_server(proc)
+
+
+def test_without_the_flag_there_is_no_gamma_endpoint(two_apis):
+    url, _, _ = two_apis
+    assert httpx.post(f"{url}/admin/gamma-schedule", json={"gamma_schedule": [[1, 64, 1]]}).status_code == 404

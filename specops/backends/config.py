@@ -46,6 +46,7 @@ class BackendConfig:
     dtype: str = "float32"
     engine_process: Optional[bool] = None  # embedded: --engine-process / --engine-thread (None: serve's default)
     api_procs: int = 1  # embedded: serve's --api-procs
+    gamma_endpoint: bool = False  # embedded: serve's --gamma-endpoint (POST /admin/gamma-schedule)
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None: a free port
     stop_grace_s: float = 20.0
@@ -53,6 +54,8 @@ class BackendConfig:
     def validate(self) -> None:
         if self.gamma_schedule is not None and self.kind != "embedded":
             raise SpecopsError("--gamma-schedule runs on the embedded backend only")
+        if self.gamma_endpoint and self.kind != "embedded":
+            raise SpecopsError("switching γ on a running server is the embedded server's own")
         if self.kind == "external":
             if not self.url:
                 raise SpecopsError("the external backend needs a URL")

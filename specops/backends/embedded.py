@@ -17,6 +17,8 @@ def command(cfg: BackendConfig, port: int) -> list[str]:
         argv.append("--engine-process" if cfg.engine_process else "--engine-thread")
     if cfg.api_procs != 1:
         argv += ["--api-procs", str(cfg.api_procs)]
+    if cfg.gamma_endpoint:
+        argv.append("--gamma-endpoint")
     return argv
 
 

@@ -69,7 +69,7 @@ def sweep_config(**kw):
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
         num_prompts=kw["num_prompts"], waves=kw.get("waves", 0), max_tokens=kw["max_tokens"], warmup=kw["warmup"],
         seed=kw["seed"], client_procs=kw.get("client_procs", 0), api_procs=kw.get("api_procs", 1),
-        ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
+        one_server=kw.get("one_server", False), ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
         provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
         device=kw.get("device", "cpu"), dtype=kw.get("dtype", "float32"),
@@ -102,11 +102,14 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out; finished configurations are kept."),
     provenance: bool = typer.Option(False, "--provenance", help="Record each answer's draft provenance (specops "
                                                                 "servers) for `specops acceptance --run`."),
+    one_server: bool = typer.Option(False, "--one-server", help="Measure every γ (above 0, and schedule) on one "
+                                    "embedded server, switching its γ table between points and taking the γ values "
+                                    "in turn within each repeat: their ratios then hold no spread between servers."),
     gpu_hourly_cost: Optional[float] = COST, gpus: int = GPUS, max_batch: Optional[int] = MAX_BATCH,
     device: str = DEVICE, dtype: str = DTYPE,
 ) -> None:
-    """Measure the (drafter, γ) × concurrency × temperature grid, one server per (drafter, γ); resumable after any
-    interruption."""
+    """Measure the (drafter, γ) × concurrency × temperature grid, one server per (drafter, γ) (or one for every γ,
+    --one-server); resumable after any interruption."""
     from specops.bench.sweep import run_sweep
 
     cfg = sweep_config(**locals())

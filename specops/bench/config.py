@@ -48,6 +48,7 @@ class SweepConfig:
     waves: int = 0  # at least waves × concurrency timed requests per configuration (0: num_prompts alone)
     client_procs: int = 0  # load generator processes (0: one per 8 clients, at most half the cores)
     api_procs: int = 1  # the embedded server's HTTP processes
+    one_server: bool = False  # every γ on one server, switched between points (--one-server)
     max_tokens: int = 128
     warmup: int = 2
     seed: int = 0
@@ -91,6 +92,13 @@ class SweepConfig:
         if "schedule" in self.gammas and self.gamma_schedule is None:
             raise SpecopsError("--gamma schedule runs the γ table of --gamma-schedule: give it, e.g. "
                                "--gamma-schedule '[[1,4,5],[5,64,3]]'")
+        if self.one_server:
+            if self.backend != "embedded" or self.drafters != ["eagle3"]:
+                raise SpecopsError("--one-server switches γ on a running embedded server: use --backend embedded "
+                                   "and --drafter eagle3")
+            if not all(g == "schedule" or (isinstance(g, int) and g > 0) for g in self.gammas):
+                raise SpecopsError("--one-server measures γ values above 0 and schedule on one server with a draft; "
+                                   "γ = 0 and auto need servers of their own (run them without --one-server)")
         if self.gamma_schedule is not None:
             if "schedule" not in self.gammas:
                 raise SpecopsError("--gamma-schedule is measured as the γ value schedule: add schedule to --gamma")
@@ -130,9 +138,13 @@ class SweepConfig:
         if self.gpu_hourly_cost is not None and self.gpu_hourly_cost <= 0:
             raise SpecopsError("--gpu-hourly-cost must be positive")
 
-    def servers(self) -> list[tuple[str, int]]:
+    def servers(self) -> list[tuple[str, int | str]]:
         """(drafter, γ) of each server the grid needs, in run order: eagle3 at every γ (γ = 0: plain decoding),
-        schema+eagle3 at every γ > 0, schema (no draft model) once, at γ = 0."""
+        schema+eagle3 at every γ > 0, schema (no draft model) once, at γ = 0. With ``one_server``, one eagle3 server
+        whose γ is the most any configuration drafts."""
+        if self.one_server:
+            return [("eagle3", max(g if isinstance(g, int) else schedule_gamma(self.gamma_schedule)
+                                   for g in self.gammas))]
         out = []
         for d in self.drafters:
             gammas = {"eagle3": self.gammas, "schema+eagle3": [g for g in self.gammas if speculative(g)],
@@ -141,9 +153,18 @@ class SweepConfig:
         return out
 
     def points(self) -> list[Point]:
-        """The grid in run order: (drafter, γ) outermost (one server each), then concurrency, temperature, repeat."""
+        """The grid in run order: (drafter, γ) outermost (one server each), then concurrency, temperature, repeat.
+        With ``one_server``, γ innermost: each repeat of a concurrency and temperature measures every γ in turn, so
+        that what drifts over the run falls on all of them alike."""
+        if self.one_server:
+            return [Point(g, c, float(t), r, "eagle3") for c in self.concurrencies for t in self.temperatures
+                    for r in range(self.repeats) for g in self.gammas]
         return [Point(g, c, float(t), r, d) for d, g in self.servers() for c in self.concurrencies
                 for t in self.temperatures for r in range(self.repeats)]
+
+    def gamma_table(self, gamma: int | str) -> GammaSchedule:
+        """What a one-server sweep has the engine draft by for ``gamma``: the schedule, or γ at every batch size."""
+        return self.gamma_schedule if gamma == "schedule" else ((1, self.server_max_batch, gamma),)
 
     def fixed(self) -> dict[str, Any]:
         """Parameters every configuration of the run shares; a resume must match them exactly."""
@@ -173,6 +194,7 @@ class SweepConfig:
             **({"waves": self.waves} if self.waves else {}),
             **({"client_procs": self.client_procs} if self.client_procs else {}),
             **({"api_procs": self.api_procs} if self.api_procs != 1 else {}),
+            **({"one_server": True} if self.one_server else {}),
         }
 
     def timed_requests(self, concurrency: int) -> int:

@@ -32,7 +32,7 @@ def backend_config(cfg: SweepConfig, gamma: int | str, drafter: str = "eagle3") 
                          gamma_schedule=cfg.gamma_schedule if scheduled else None, drafter=drafter,
                          url=cfg.url, api_key=cfg.api_key, vllm_python=cfg.vllm_python, vllm_args=list(cfg.vllm_args), max_batch=cfg.server_max_batch,
                          device=cfg.device, dtype=cfg.dtype, api_procs=cfg.api_procs,
-                         startup_timeout_s=cfg.startup_timeout_s)
+                         gamma_endpoint=cfg.one_server, startup_timeout_s=cfg.startup_timeout_s)
 
 
 def _cmdline(pid: int) -> list[str] | None:

@@ -1,5 +1,6 @@
 """The sweep: for each (drafter, γ) start one server, measure every pending concurrency × temperature × repeat point against
-it, commit each point as it finishes, then export results and the recommendation.
+it, commit each point as it finishes, then export results and the recommendation. With ``--one-server`` a single
+embedded server measures every γ, its γ table switched between points (``POST /admin/gamma-schedule``).
 
 Per point: warm-up requests (not measured), a scrape of the speculative counters, the timed requests, a second
 scrape; acceptance is the difference, so it covers exactly the timed requests.
@@ -11,6 +12,8 @@ import json
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -69,6 +72,23 @@ def measure(server, cfg: SweepConfig, point: Point, pool: list[workload.Prompt],
     return StoredConfig(point, result.duration_s, counters, result.records)
 
 
+def use_gamma_table(server, table) -> None:
+    """Have a server started with ``--gamma-endpoint`` draft by ``table`` from its next request on."""
+    url = server.base_url.removesuffix("/v1") + "/admin/gamma-schedule"
+    headers = {"Content-Type": "application/json"}
+    if server.api_key:
+        headers["Authorization"] = f"Bearer {server.api_key}"
+    body = json.dumps({"gamma_schedule": [list(r) for r in table]}).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=600) as resp:
+            resp.read()
+    except urllib.error.HTTPError as e:
+        raise SpecopsError(f"the server refused γ table {list(map(list, table))}: {e.read().decode(errors='replace')}"
+                           ) from None
+    except OSError as e:
+        raise SpecopsError(f"could not switch the server's γ table ({url}): {e}") from None
+
+
 def _label(p: Point) -> str:
     drafter = f"drafter={p.drafter} " if p.drafter != "eagle3" else ""
     return f"{drafter}γ={p.gamma} concurrency={p.concurrency} temperature={p.temperature:g} repeat={p.repeat}"
@@ -112,14 +132,19 @@ def _measure_pending(cfg: SweepConfig, store: RunStore, pool: list[workload.Prom
         grid = bar.add_task("configurations", total=len(points), completed=len(points) - len(pending), note="")
         reqs = bar.add_task("requests", total=cfg.num_prompts, note="")
         for drafter, gamma in cfg.servers():
-            todo = [p for p in pending if (p.drafter, p.gamma) == (drafter, gamma)]
+            todo = [p for p in pending if cfg.one_server or (p.drafter, p.gamma) == (drafter, gamma)]
             if not todo:
                 continue
             bar.update(grid, note=f"starting server drafter={drafter} γ={gamma}")
             started = time.perf_counter()
             with serving(cfg, gamma, drafter) as server:
-                console.print(f"server drafter={drafter} γ={gamma} ready in {time.perf_counter() - started:.1f} s")
+                console.print(f"server drafter={drafter} γ={gamma} ready in {time.perf_counter() - started:.1f} s"
+                              + (f", switching between γ {','.join(map(str, cfg.gammas))}" if cfg.one_server else ""))
+                table = None
                 for p in todo:
+                    if cfg.one_server and cfg.gamma_table(p.gamma) != table:
+                        table = cfg.gamma_table(p.gamma)
+                        use_gamma_table(server, table)
                     bar.update(grid, note=_label(p))
                     bar.reset(reqs, total=cfg.timed_requests(p.concurrency))
                     on_progress = lambda n_in, n_done: bar.update(  # noqa: E731

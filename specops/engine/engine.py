@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specops.engine.config import EngineConfig, GammaSchedule, gamma_at, schedule_gamma
+from specops.engine.config import EngineConfig, GammaSchedule, gamma_at, parse_gamma_schedule, schedule_gamma
 from specops.engine.gamma import CALIBRATION_FILE, AdaptiveGamma, load_or_measure
 from specops.engine.model_runner import Mode, ModelRunner, Pending, buckets
 from specops.engine.sampling import SamplingParams
@@ -197,6 +197,23 @@ class Engine:
     def _launch(self, reqs: list[Request], constraints: list | None) -> Pending:
         return self.runner.launch([r.slot for r in reqs], Mode.of([r.params for r in reqs]), constraints,
                                   self._gamma_for(len(reqs)))
+
+    def use_gamma_schedule(self, schedule: GammaSchedule) -> None:
+        """Draft by ``schedule`` (``config.parse_gamma_schedule``; a fixed γ is the one range ``[[1, max_batch, γ]]``)
+        from the next round on, up to the engine's γ: how one running server measures γ tables side by side, free of
+        the spread between two servers. Rounds of the new γ values are captured here, before any runs them; requests
+        in flight keep their drafts and verify them in the next round, as when a schedule switches γ."""
+        schedule = parse_gamma_schedule(schedule)
+        if self.draft is None:
+            raise SpecopsError("this engine has no draft model: it decodes without speculation at any γ")
+        if self.controller is not None:
+            raise SpecopsError("this engine chooses γ itself (--gamma auto)")
+        if schedule_gamma(schedule) > self.gamma:
+            raise SpecopsError(f"the γ schedule drafts up to {schedule_gamma(schedule)} tokens, more than this engine's "
+                               f"γ = {self.gamma}")
+        used = {g for *_, g in self.gamma_schedule} if self.gamma_schedule else {self.gamma}
+        self.runner.capture_all(sorted(used | {g for *_, g in schedule}))
+        self.gamma_schedule = schedule
 
     def _gamma_for(self, batch: int) -> int:
         """γ for a round of ``batch`` rows: fixed, the schedule's for that batch size, or the controller's choice

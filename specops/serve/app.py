@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from specops.engine.config import parse_gamma_schedule
 from specops.errors import SpecopsError
 from specops.inputs import chat_prompt_ids, text_prompt_ids
 from specops.serve import errors, responses
@@ -18,7 +19,7 @@ from specops.serve.errors import APIError, error_body
 from specops.serve.generation import Generation, check_room
 from specops.serve.middleware import AuthMiddleware, MetricsMiddleware
 from specops.serve.prometheus import ServerMetrics
-from specops.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specops.serve.protocol import ChatCompletionRequest, CompletionRequest, GammaScheduleRequest, SamplingFields
 from specops.serve.runner import Runner
 
 DISCONNECT_POLL_S = 0.25
@@ -148,7 +149,8 @@ async def _run(request: Request, state: ServerState, req: SamplingFields, prompt
     return JSONResponse(responses.full(gen, texts))
 
 
-def create_app(state: ServerState, api_key: Optional[str] = None) -> FastAPI:
+def create_app(state: ServerState, api_key: Optional[str] = None, gamma_endpoint: bool = False) -> FastAPI:
+    """The app; ``gamma_endpoint`` adds ``POST /admin/gamma-schedule`` (``serve --gamma-endpoint``)."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.runner.start()
@@ -187,5 +189,15 @@ def create_app(state: ServerState, api_key: Optional[str] = None) -> FastAPI:
         _check_model(state, req)
         check_room(state, req.n)
         return await _run(request, state, req, _chat_prompt(state, req), req.token_limit, "chat")
+
+    if gamma_endpoint:
+        @app.post("/admin/gamma-schedule")
+        async def gamma_schedule(req: GammaScheduleRequest):
+            try:
+                schedule = parse_gamma_schedule(req.gamma_schedule)
+                await state.runner.use_gamma_schedule(schedule)
+            except SpecopsError as e:
+                raise APIError(400, str(e), param="gamma_schedule") from None
+            return {"gamma_schedule": [list(r) for r in schedule]}
 
     return app

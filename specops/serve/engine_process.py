@@ -240,7 +240,7 @@ def _main(cfg, links: list[tuple]) -> None:
             try:
                 while conn.poll():
                     cmd = conn.recv()
-                    if cmd[0] == "add":
+                    if cmd[0] in ("add", "gamma"):
                         owner[cmd[1]] = i
                     elif cmd[0] == "abort":
                         owner.pop(cmd[1], None)

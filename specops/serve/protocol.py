@@ -161,3 +161,10 @@ class ChatCompletionRequest(SamplingFields):
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class GammaScheduleRequest(BaseModel):
+    """``POST /admin/gamma-schedule``: the γ table the engine drafts by from now on (``--gamma-schedule``'s form)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gamma_schedule: list[list[int]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -50,8 +51,9 @@ class Event:
 
 
 class EngineCore:
-    """The engine's side: commands are ``("add", id, prompt_ids, params, grammar, provenance)``, ``("abort", id)``
-    and ``("stop",)``; ``emit`` receives each step's ``(request id, Event)`` pairs."""
+    """The engine's side: commands are ``("add", id, prompt_ids, params, grammar, provenance)``, ``("abort", id)``,
+    ``("gamma", id, schedule)`` (a new γ table, answered like a request that finishes at once) and ``("stop",)``;
+    ``emit`` receives each step's ``(request id, Event)`` pairs."""
 
     def __init__(self, engine, grammars, emit: Callable[[list[tuple[str, Event]]], None]):
         self.engine, self.grammars, self.emit = engine, grammars, emit
@@ -74,6 +76,15 @@ class EngineCore:
             if cmd[1] in self.live:
                 self.live.discard(cmd[1])
                 self.engine.abort(cmd[1])
+            return
+        if cmd[0] == "gamma":
+            _, rid, schedule = cmd
+            try:
+                self.engine.use_gamma_schedule(schedule)
+            except SpecopsError as e:
+                self.emit([(rid, Event(finished=True, error=str(e), client_error=True))])
+                return
+            self.emit([(rid, Event(finished=True, finish_reason="gamma"))])
             return
         _, rid, prompt_ids, params, grammar, provenance = cmd
         try:
@@ -210,13 +221,26 @@ class Runner:
     def submit(self, request_id: str, prompt_ids: list[int], params, queue: asyncio.Queue, tag: int = 0,
                grammar: Grammar = None, provenance: bool = False) -> None:
         """Queue a request; its events arrive on ``queue`` (from the calling event loop)."""
+        self._listen(request_id, queue, tag)
+        # Sent outside the lock, which routing the engine's events needs.
+        self._send(("add", request_id, prompt_ids, params, grammar, provenance))
+
+    async def use_gamma_schedule(self, schedule) -> None:
+        """Have the engine draft by ``schedule`` from its next round on (``Engine.use_gamma_schedule``); returns once
+        it does, so requests sent after, through any API process, run under it. SpecopsError if it refuses."""
+        rid, queue = f"gamma-{uuid.uuid4().hex}", asyncio.Queue()
+        self._listen(rid, queue, 0)
+        self._send(("gamma", rid, schedule))
+        event = await queue.get()
+        if event.error is not None:
+            raise SpecopsError(event.error)
+
+    def _listen(self, request_id: str, queue: asyncio.Queue, tag: int) -> None:
         sink = _Sink(asyncio.get_running_loop(), queue, tag)
         with self._lock:
             if self._stopping or not self.alive:
                 raise SpecopsError("server is shutting down" if self._stopping else "the engine has stopped")
             self._sinks[request_id] = sink
-        # Sent outside the lock, which routing the engine's events needs.
-        self._send(("add", request_id, prompt_ids, params, grammar, provenance))
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its cache slot is freed before the engine's next step."""

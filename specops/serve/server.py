@@ -67,6 +67,7 @@ class ApiSettings:
     max_seq_len: int
     max_queue: int  # this process's share
     api_key: Optional[str]
+    gamma_endpoint: bool = False  # POST /admin/gamma-schedule
 
 
 def _server(runner, api: ApiSettings):
@@ -77,7 +78,7 @@ def _server(runner, api: ApiSettings):
     from specops.serve.app import create_app
 
     state = build_state(runner, model_name=api.model_name, max_seq_len=api.max_seq_len, max_queue=api.max_queue)
-    config = uvicorn.Config(create_app(state, api_key=api.api_key), log_level="warning",
+    config = uvicorn.Config(create_app(state, api_key=api.api_key, gamma_endpoint=api.gamma_endpoint), log_level="warning",
                             timeout_graceful_shutdown=None)
     config.load()
     settle_heap()
@@ -156,6 +157,7 @@ def run_server(
     served_model_name: Optional[str] = None,
     engine_process: Optional[bool] = None,
     api_procs: int = 1,
+    gamma_endpoint: bool = False,
 ) -> None:
     """Serve what ``cfg`` (an EngineConfig) names on host:port; blocks until shut down.
 
@@ -163,7 +165,9 @@ def run_server(
     ``engine_process``: run the engine in a process of its own (default: on CUDA, or with several API processes)
     rather than on a thread here. ``api_procs``: HTTP processes sharing the port and the one engine process (as
     vLLM's ``--api-server-count``), for when one process's parsing and streaming cannot keep up with the engine;
-    ``max_queue`` is split evenly between them and /metrics adds up all of them.
+    ``max_queue`` is split evenly between them and /metrics adds up all of them. ``gamma_endpoint``: serve
+    ``POST /admin/gamma-schedule``, which changes the γ table of the running engine (for measuring tables side by
+    side on one server; behind the API key like every route but /health).
     """
     if max_queue < 1:
         raise SpecopsError("--max-queue must be at least 1")
@@ -180,7 +184,8 @@ def run_server(
         listen(host, port).close()
     sock = listen(host, port, shared=api_procs > 1)
     address = (host, sock.getsockname()[1])
-    api = ApiSettings(served_model_name or str(cfg.model), cfg.max_seq_len, -(-max_queue // api_procs), api_key)
+    api = ApiSettings(served_model_name or str(cfg.model), cfg.max_seq_len, -(-max_queue // api_procs), api_key,
+                      gamma_endpoint)
     if not engine_process:
         from specops.engine.engine import Engine
         from specops.serve.runner import EngineRunner
