@@ -36,8 +36,8 @@ The exit code is 0 once every stage is complete, 3 while some remain. Where a jo
 time, point ``--work`` at a folder that outlives one command: a call that ends in the LoRA stage keeps the finished
 base, and the next one goes on from it. On an H100 the models took 4–5 minutes (a pretraining step 51–64 ms, a
 LoRA step 185–230 ms at batch 96, both bound by kernel launches), the draft about 2, the grid with the defaults
-7–9 and the schedule's sweeps, with the fixed γ values measured again beside the schedule, 6–7 (a server start of
-40–55 s each): 20–24 minutes in all.
+7–9 and the schedule's sweeps, with the fixed γ values measured again beside the schedule, 6–7 when each
+configuration had a server of its own (a server start of 40–55 s each; they now share one): 20–24 minutes in all.
 """
 
 from __future__ import annotations
