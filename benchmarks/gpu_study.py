@@ -455,11 +455,11 @@ SIDE_BY_SIDE = {"same server": "measured in turn on one server", "same run": "me
 
 def schedule_table(grid: list[dict], runs: dict, work: Path) -> list[dict]:
     """Per temperature and concurrency: the schedule's goodput against the best fixed γ of the grid, as measured
-    again in the schedule's own sweep (``peer``: "same server", or "same run" for sweeps from before ``--one-server``, with the throughput ratio's 95 % CI over repeats), or
-    the grid's figure where that sweep has none (runs from before it measured its peers). Where the schedule runs that
-    same γ at every batch size up to the concurrency, the two are one configuration (``same_configuration``): their
-    ratio is the measurement's noise (on one server, or between two for sweeps from before ``--one-server``), not
-    the schedule's doing."""
+    again in the schedule's own sweep (``peer``: "same server", or "same run" for sweeps from before
+    ``--one-server``, with the throughput ratio's 95 % CI over repeats), or the grid's figure where that sweep has
+    none (runs from before it measured its peers). Where the schedule runs that same γ at every batch size up to
+    the concurrency, the two are one configuration (``same_configuration``): their ratio is the measurement's noise
+    (on one server, or between two for sweeps from before ``--one-server``), not the schedule's doing."""
     from specops.bench.latency import ratio_ci
     from specops.engine.config import gamma_at
 

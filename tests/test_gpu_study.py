@@ -210,8 +210,8 @@ def test_the_study_script_runs_every_stage_at_a_tiny_size(tmp_path):
     assert (work / "models" / "target-merged" / "model.safetensors").is_file()
     assert doc["draft"]["acceptance"]["after"]["gamma"] == 3
     assert [(p["temperature"], p["batch"]) for p in doc["costs"]] == [(0.0, 1), (0.0, 4), (0.7, 1), (0.7, 4)]
-    assert all(p["prompt_tokens"] > p["cached_tokens"] > 0 and p["prefill"] == pytest.approx(p["prefill_ms"] / p["target_ms"])
-               for p in doc["costs"])
+    assert all(p["prompt_tokens"] > p["cached_tokens"] > 0
+               and p["prefill"] == pytest.approx(p["prefill_ms"] / p["target_ms"]) for p in doc["costs"])
     points = {(r["temperature"], r["concurrency"], r["gamma"]) for r in doc["grid"]}
     assert points == {(t, c, g) for t in (0.0, 0.7) for c in (1, 4) for g in (0, 3)}
     for r in doc["grid"]:

@@ -69,8 +69,8 @@ def sweep_config(**kw):
         repeats=kw.get("repeats", 1), rate=params.rate(kw["rate"]), dataset=kw["dataset"], synthetic=kw["synthetic"],
         num_prompts=kw["num_prompts"], waves=kw.get("waves", 0), max_tokens=kw["max_tokens"], warmup=kw["warmup"],
         seed=kw["seed"], client_procs=kw.get("client_procs", 0), api_procs=kw.get("api_procs", 1),
-        one_server=kw.get("one_server", False), ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]), resume=kw.get("resume", False),
-        provenance=kw.get("provenance", False),
+        one_server=kw.get("one_server", False), ignore_eos=kw["ignore_eos"], slo=params.slo(kw["slo"]),
+        resume=kw.get("resume", False), provenance=kw.get("provenance", False),
         gpu_hourly_cost=kw["gpu_hourly_cost"], gpus=kw["gpus"], max_batch=kw["max_batch"],
         device=kw.get("device", "cpu"), dtype=kw.get("dtype", "float32"),
     )

@@ -209,8 +209,8 @@ class Engine:
         if self.controller is not None:
             raise SpecopsError("this engine chooses γ itself (--gamma auto)")
         if schedule_gamma(schedule) > self.gamma:
-            raise SpecopsError(f"the γ schedule drafts up to {schedule_gamma(schedule)} tokens, more than this engine's "
-                               f"γ = {self.gamma}")
+            raise SpecopsError(f"the γ schedule drafts up to {schedule_gamma(schedule)} tokens, more than this "
+                               f"engine's γ = {self.gamma}")
         used = {g for *_, g in self.gamma_schedule} if self.gamma_schedule else {self.gamma}
         self.runner.capture_all(sorted(used | {g for *_, g in schedule}))
         self.gamma_schedule = schedule

@@ -78,8 +78,8 @@ def _server(runner, api: ApiSettings):
     from specops.serve.app import create_app
 
     state = build_state(runner, model_name=api.model_name, max_seq_len=api.max_seq_len, max_queue=api.max_queue)
-    config = uvicorn.Config(create_app(state, api_key=api.api_key, gamma_endpoint=api.gamma_endpoint), log_level="warning",
-                            timeout_graceful_shutdown=None)
+    config = uvicorn.Config(create_app(state, api_key=api.api_key, gamma_endpoint=api.gamma_endpoint),
+                            log_level="warning", timeout_graceful_shutdown=None)
     config.load()
     settle_heap()
     return uvicorn.Server(config)
