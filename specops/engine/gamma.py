@@ -232,22 +232,22 @@ def measure_prefill(runner, tokens: int, temperature: float = 0.0, cached: int =
     params = [SamplingParams(temperature=temperature)]
     tokens = min(tokens, runner.model.rotary.cos.shape[0] // 2)
     if not cached or runner.prefixes is None:
-        prompt = [[1] * tokens]
-        ms = _timed(lambda: runner.prefill([0], prompt, params, cached=False).read(), runner.device, samples=3) * 1e3
-        _reset(runner)
-        return ms
-    if not runner.prefixes.min_tokens <= cached < tokens:
-        raise ValueError(f"cached positions {cached} must be within [{runner.prefixes.min_tokens}, {tokens})")
-    vocab, calls = runner.model.config.vocab_size, iter(range(10**9))
-    t = min(set(range(vocab)) - {p.key[0] for p in runner.prefixes.prefixes})  # no prefix kept so far starts so
+        whole = [[1] * tokens]
+        call = lambda: runner.prefill([0], whole, params, cached=False).read()  # noqa: E731
+    else:
+        if not runner.prefixes.min_tokens <= cached < tokens:
+            raise ValueError(f"cached positions {cached} must be within [{runner.prefixes.min_tokens}, {tokens})")
+        vocab, calls = runner.model.config.vocab_size, iter(range(10**9))
+        t = min(set(range(vocab)) - {p.key[0] for p in runner.prefixes.prefixes})  # no prefix kept so far starts so
 
-    def prompt() -> list[list[int]]:  # the shared prefix, then a first token no earlier prompt had here
-        return [[t] * (cached + 1) + [(t + 1 + next(calls) % (vocab - 2)) % vocab] + [t] * (tokens - cached - 2)]
+        def prompt() -> list[list[int]]:  # the shared prefix, then a first token no earlier prompt had here
+            return [[t] * (cached + 1) + [(t + 1 + next(calls) % (vocab - 2)) % vocab] + [t] * (tokens - cached - 2)]
 
-    for _ in range(2):  # the second prompt shares cached + 1 tokens with the first: its prefix is kept
-        runner.prefill([0], prompt(), params).read()
-    assert runner.prefixes.lookup(prompt()[0])[1] == cached
-    ms = _timed(lambda: runner.prefill([0], prompt(), params).read(), runner.device, samples=3) * 1e3
+        for _ in range(2):  # the second prompt shares cached + 1 tokens with the first: its prefix is kept
+            runner.prefill([0], prompt(), params).read()
+        assert runner.prefixes.lookup(prompt()[0])[1] == cached
+        call = lambda: runner.prefill([0], prompt(), params).read()  # noqa: E731
+    ms = _timed(call, runner.device, samples=3) * 1e3
     _reset(runner)
     return ms
 
