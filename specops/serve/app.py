@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specops.engine.config import parse_gamma_schedule
 from specops.errors import SpecopsError
 from specops.inputs import chat_prompt_ids, text_prompt_ids
 from specops.serve import errors, responses
@@ -193,11 +192,10 @@ def create_app(state: ServerState, api_key: Optional[str] = None, gamma_endpoint
     if gamma_endpoint:
         @app.post("/admin/gamma-schedule")
         async def gamma_schedule(req: GammaScheduleRequest):
-            try:
-                schedule = parse_gamma_schedule(req.gamma_schedule)
-                await state.runner.use_gamma_schedule(schedule)
+            try:  # the engine checks the table (``Engine.use_gamma_schedule``)
+                await state.runner.use_gamma_schedule(req.gamma_schedule)
             except SpecopsError as e:
                 raise APIError(400, str(e), param="gamma_schedule") from None
-            return {"gamma_schedule": [list(r) for r in schedule]}
+            return {"gamma_schedule": req.gamma_schedule}
 
     return app
